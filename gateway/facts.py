@@ -1,0 +1,112 @@
+"""The facts Python gathers and sends to OPA: the input documents of both questions.
+
+Every model forbids unknown fields and checks identifiers, so malformed facts are
+rejected here with the bad field named, before they reach OPA. The JSON shape of
+these models *is* the policy input contract documented in ``docs/policy-interface.md``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+__all__ = [
+    "Approval",
+    "Call",
+    "ComposeInput",
+    "ConnectionStatus",
+    "ExecuteInput",
+    "Identifier",
+    "Principal",
+    "ResourceRef",
+    "Task",
+]
+
+#: Names of tools, roles, aliases, environments ...: short, printable, no spaces.
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
+]
+
+
+class _Facts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class ConnectionStatus(StrEnum):
+    """State of one tenant connection, as the connection store reports it."""
+
+    ACTIVE = "active"
+    DISABLED = "disabled"
+    REVOKED = "revoked"
+
+
+class Principal(_Facts):
+    """Who is asking: the agent, the role it acts in, and the tenant it acts for."""
+
+    agent: Identifier
+    role: Identifier
+    tenant: Identifier
+
+
+class ResourceRef(_Facts):
+    """A typed reference to a business object, e.g. ``{"type": "repository", "id": "R"}``."""
+
+    type: Identifier
+    id: Identifier
+
+
+class Task(_Facts):
+    """The task the agent works on.
+
+    ``needs`` narrows the task type's tool list for this one task; when it is
+    omitted the task type's list applies. ``linked_resources`` are the only
+    subjects that subject-scoped tools may touch.
+    """
+
+    type: Identifier
+    needs: list[Identifier] | None = None
+    linked_resources: list[ResourceRef] = Field(default_factory=list)
+
+
+class ComposeInput(_Facts):
+    """Input of ``capgate/compose``: which tools may this agent see now?"""
+
+    principal: Principal
+    task: Task
+    connections: dict[Identifier, ConnectionStatus] = Field(default_factory=dict)
+    environment: Identifier
+    budget_class: Identifier
+
+
+class Call(_Facts):
+    """One exact call. ``params_digest`` is computed by the dispatcher, never the agent."""
+
+    tool: Identifier
+    version: int = Field(ge=1)
+    operation_id: Identifier
+    subject: ResourceRef | None = None
+    params_digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class Approval(_Facts):
+    """A human approval of one exact content-and-recipient, identified by its digest."""
+
+    kind: Identifier
+    tool: Identifier
+    digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+    expires_at: AwareDatetime
+    approved_by: Identifier
+
+
+class ExecuteInput(ComposeInput):
+    """Input of ``capgate/execute``: the compose facts plus the call and its proofs."""
+
+    call: Call
+    approval: Approval | None = None
+    evidence: list[Identifier] = Field(default_factory=list)
+
+    def to_opa(self) -> dict[str, Any]:
+        """JSON-ready input; datetimes become RFC 3339 strings that OPA parses."""
+        return self.model_dump(mode="json")
