@@ -1,0 +1,141 @@
+"""Write an OPA bundle: the capgate policies plus the compiled catalogue.
+
+Policies and data travel together in one bundle, so OPA can never serve the rules
+of one release with the catalogue of another. The manifest's ``revision`` is the
+catalogue digest, which lets the dispatcher check that the OPA it talks to holds
+the catalogue it loaded itself.
+
+The bundle is built in a temporary sibling directory and renamed into place, so a
+failure part-way leaves either the previous bundle or nothing, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gateway.catalogue import compile_catalogue
+from gateway.contracts import Catalogue
+
+__all__ = ["BUNDLE_ROOT", "DATA_PATH", "default_policies_dir", "write_bundle"]
+
+#: The only root the bundle claims: OPA rejects policies or data outside it.
+BUNDLE_ROOT = "capgate"
+#: Where the compiled catalogue sits in the bundle, i.e. ``data.capgate.catalogue``.
+DATA_PATH = Path(BUNDLE_ROOT, "catalogue", "data.json")
+_POLICIES_ENV = "CAPGATE_POLICIES"
+
+
+def default_policies_dir() -> Path:
+    """The policies to bundle: ``$CAPGATE_POLICIES`` if set, else the repository's ``policies/``.
+
+    Raises ``FileNotFoundError`` when that directory does not exist, e.g. for an
+    installed package, which does not ship the policies.
+    """
+    configured = os.environ.get(_POLICIES_ENV)
+    if configured:
+        path = Path(configured)
+        if not path.is_dir():
+            raise FileNotFoundError(f"policies directory not found: {path} (from ${_POLICIES_ENV})")
+        return path
+    path = Path(__file__).resolve().parents[1] / "policies"
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"policies directory not found: {path}; set ${_POLICIES_ENV} "
+            "to the folder that holds the capgate *.rego files"
+        )
+    return path
+
+
+def _policy_files(policies_dir: Path) -> list[Path]:
+    if not policies_dir.is_dir():
+        raise FileNotFoundError(f"policies directory not found: {policies_dir}")
+    files = sorted(
+        path
+        for path in policies_dir.rglob("*.rego")
+        if path.is_file() and not path.name.endswith("_test.rego")
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"no policy files (*.rego, tests excluded) under {policies_dir}; "
+            "a bundle without policies would answer every question with 'undefined'"
+        )
+    return files
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Refuse to replace anything but an earlier bundle or an empty directory.
+
+    ``out_dir`` is replaced as a whole, so a mistaken path such as the home
+    directory must fail here instead of being deleted.
+    """
+    if not os.path.lexists(out_dir):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise FileExistsError(f"refusing to replace {out_dir}: it is not a directory")
+    if any(out_dir.iterdir()) and not (out_dir / ".manifest").is_file():
+        raise FileExistsError(
+            f"refusing to replace {out_dir}: it is not empty and has no .manifest, "
+            "so it is not a bundle written here"
+        )
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _move_into_place(staging: Path, out_dir: Path) -> None:
+    if not os.path.lexists(out_dir):
+        os.replace(staging, out_dir)
+        return
+    # A directory cannot be renamed over a non-empty one: set the old bundle aside,
+    # move the new one in, and put the old one back if that fails.
+    previous = staging.with_name(staging.name + ".old")
+    os.replace(out_dir, previous)
+    try:
+        os.replace(staging, out_dir)
+    except BaseException:
+        os.replace(previous, out_dir)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None = None) -> Path:
+    """Write the bundle directory ``out_dir`` and return it.
+
+    It holds every ``*.rego`` under ``policies_dir`` (default
+    :func:`default_policies_dir`) except ``*_test.rego``, at the same relative
+    paths; the compiled catalogue at ``capgate/catalogue/data.json``; and a
+    ``.manifest`` with the catalogue digest as ``revision`` and ``capgate`` as
+    the only root. An earlier bundle at ``out_dir`` is replaced; any other
+    non-empty directory there is refused with ``FileExistsError``.
+    """
+    policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
+    sources = _policy_files(policies)
+    out_dir = Path(out_dir)
+    _check_replaceable(out_dir)
+    document = compile_catalogue(catalogue)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; OPA may run as another user
+        for source in sources:
+            target = staging / source.relative_to(policies)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        _write_json(staging / DATA_PATH, document)
+        _write_json(
+            staging / ".manifest",
+            {"revision": document["meta"]["digest"], "roots": [BUNDLE_ROOT]},
+        )
+        _move_into_place(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir

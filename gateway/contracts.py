@@ -1,0 +1,284 @@
+"""Typed tool contracts and the catalogue that holds them.
+
+A tool contract describes what a tool *does to the world* (its mode, the connection
+and business object it touches, the evidence and approval it needs, how to recover
+from an uncertain outcome), not only its call signature: two tools that share a
+provider account can carry very different authority, and the policy can only tell
+them apart if the contract says so.
+
+Every model forbids unknown fields and is frozen. A typo such as ``aproval:`` must
+fail loudly instead of silently leaving a tool without its approval requirement, and
+a contract that was checked once must not change afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.facts import Identifier
+
+__all__ = [
+    "Approval",
+    "BudgetClassSpec",
+    "Catalogue",
+    "CostClass",
+    "Idempotency",
+    "Mode",
+    "RoleSpec",
+    "TaskTypeSpec",
+    "ToolContract",
+]
+
+
+class Mode(StrEnum):
+    """The effect a tool has, from the agent's point of view.
+
+    ``propose_write`` prepares a change that a separate, reviewed action carries
+    out; ``write`` changes the world directly. Keeping the two apart lets a policy
+    grant drafting without granting dispatch.
+    """
+
+    READ = "read"
+    PROPOSE_WRITE = "propose_write"
+    WRITE = "write"
+
+
+class Approval(StrEnum):
+    """The human approval a call needs before it may run.
+
+    ``exact_content_and_recipient`` binds the approval to the digest of the call's
+    parameters, so an approved message cannot be reused for other content or
+    another recipient.
+    """
+
+    NONE = "none"
+    EXACT_CONTENT_AND_RECIPIENT = "exact_content_and_recipient"
+
+
+class Idempotency(StrEnum):
+    """What happens when the same call is sent twice.
+
+    The dispatcher relies on it when an outcome is uncertain: an ``idempotent`` call
+    may simply be retried, an ``idempotent_with_key`` call must carry the same key
+    again, and a ``not_idempotent`` call must be looked up before any retry.
+    """
+
+    IDEMPOTENT = "idempotent"
+    IDEMPOTENT_WITH_KEY = "idempotent_with_key"
+    NOT_IDEMPOTENT = "not_idempotent"
+
+
+class CostClass(StrEnum):
+    """Coarse expected cost of one call, ordered ``free < low < medium < high``.
+
+    Budget classes admit every cost class up to a ceiling, so the members compare
+    by rank (not alphabetically as plain strings would). Comparing with a string
+    converts it first, so ``CostClass.LOW < "high"`` holds and an unknown name
+    raises ``ValueError`` instead of quietly comparing letters.
+    """
+
+    FREE = "free"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+    @property
+    def rank(self) -> int:
+        """Position in the order, ``free`` being 0."""
+        return list(CostClass).index(self)
+
+    def up_to(self) -> list[CostClass]:
+        """Every cost class from ``free`` up to and including this one."""
+        return [c for c in CostClass if c.rank <= self.rank]
+
+    def __lt__(self, other: str) -> bool:
+        return self.rank < CostClass(other).rank
+
+    def __le__(self, other: str) -> bool:
+        return self.rank <= CostClass(other).rank
+
+    def __gt__(self, other: str) -> bool:
+        return self.rank > CostClass(other).rank
+
+    def __ge__(self, other: str) -> bool:
+        return self.rank >= CostClass(other).rank
+
+
+def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Reject a schema that is not JSON or not a valid JSON Schema (draft 2020-12).
+
+    Schemas are checked when the catalogue loads, not when the first call arrives,
+    so a broken schema cannot let parameters through unchecked later.
+    """
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"schema is not plain JSON data: {exc}") from None
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+    return schema
+
+
+#: A JSON Schema (draft 2020-12) held as a plain dict, checked on load.
+JSONSchema = Annotated[dict[str, Any], AfterValidator(_check_json_schema)]
+
+#: Free text meant for people and for the model's prompt; blank text is refused.
+Description = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+def _default_schema() -> dict[str, Any]:
+    return {"type": "object"}
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolContract(_Spec):
+    """Everything the policy and the dispatcher need to know about one tool.
+
+    The policy reads the authority fields (mode, roles, connection, subject,
+    evidence, approval, environments, cost); the dispatcher reads the operational
+    ones (schemas, idempotency, recovery); the description goes into the prompt.
+    """
+
+    name: Identifier
+    # Strict: a YAML "1" or 1.5 is a typo, not a version.
+    version: int = Field(ge=1, strict=True)
+    description: Description
+    mode: Mode
+    roles: list[Identifier] = Field(min_length=1)
+    #: The tenant connection the tool acts through; ``None`` for pure functions.
+    connection_alias: Identifier | None
+    #: The business object type a call must name; ``None`` when it acts on none.
+    subject_type: Identifier | None
+    #: The parameter that holds the subject's id; ``None`` means ``<subject_type>_id``.
+    #: The dispatcher reads the subject from the parameters, so the object the
+    #: policy checks is the object the tool touches.
+    subject_param: Identifier | None = None
+    requires: list[Identifier] = Field(default_factory=list)
+    approval: Approval = Approval.NONE
+    # validate_default: the propose_write rule must also run when the key is absent.
+    execution_action: Identifier | None = Field(default=None, validate_default=True)
+    recovery: Identifier
+    idempotency: Idempotency
+    cost_class: CostClass
+    input_schema: JSONSchema = Field(default_factory=_default_schema)
+    output_schema: JSONSchema = Field(default_factory=_default_schema)
+    environments: list[Identifier] = Field(min_length=1)
+
+    @field_validator("execution_action")
+    @classmethod
+    def _proposal_names_its_executor(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A proposal is only safe if the action that later carries it out is a
+        # separate, reviewed thing; without a name there is nothing to review.
+        if value is None and info.data.get("mode") is Mode.PROPOSE_WRITE:
+            raise ValueError(
+                "a propose_write tool must name the reviewed action that executes "
+                "the proposal (execution_action)"
+            )
+        return value
+
+
+class RoleSpec(_Spec):
+    """A role an agent can act in. Tools grant themselves to roles by name."""
+
+    description: Description
+
+
+class TaskTypeSpec(_Spec):
+    """A kind of task and the tools it may need; the ceiling of what a task sees."""
+
+    description: Description
+    tools: list[Identifier] = Field(default_factory=list)
+
+
+class BudgetClassSpec(_Spec):
+    """A spending tier: it admits every cost class up to ``max_cost_class``."""
+
+    description: Description
+    max_cost_class: CostClass
+
+    @property
+    def admitted(self) -> list[CostClass]:
+        """The cost classes this budget class admits, cheapest first."""
+        return self.max_cost_class.up_to()
+
+    def admits(self, cost_class: CostClass) -> bool:
+        """Whether a tool of ``cost_class`` fits within this budget class."""
+        return cost_class <= self.max_cost_class
+
+
+class Catalogue(_Spec):
+    """The whole, cross-checked catalogue: tools, roles, task types, budget classes.
+
+    A ``Catalogue`` is always internally consistent: every tool is filed under its
+    own name, every role a tool grants exists and every tool a task type lists
+    exists. :func:`gateway.catalogue.load_catalogue` reports the same problems
+    per file; the check here also guards catalogues built in code.
+    """
+
+    tools: dict[Identifier, ToolContract]
+    roles: dict[Identifier, RoleSpec]
+    task_types: dict[Identifier, TaskTypeSpec]
+    budget_classes: dict[Identifier, BudgetClassSpec]
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Catalogue:
+        problems = [
+            f"tools[{key!r}] holds the contract of {tool.name!r}"
+            for key, tool in self.tools.items()
+            if key != tool.name
+        ]
+        problems += [
+            f"tool {tool.name!r} grants unknown role {role!r}"
+            for tool in self.tools.values()
+            for role in tool.roles
+            if role not in self.roles
+        ]
+        problems += [
+            f"task type {name!r} lists unknown tool {tool!r}"
+            for name, spec in self.task_types.items()
+            for tool in spec.tools
+            if tool not in self.tools
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def tool(self, name: str) -> ToolContract:
+        """The contract of tool ``name``; ``KeyError`` naming it if there is none."""
+        try:
+            return self.tools[name]
+        except KeyError:
+            raise KeyError(f"unknown tool {name!r}") from None
+
+    def task_tools(self, task_type: str) -> list[ToolContract]:
+        """The contracts a task type lists, in its order; ``KeyError`` if unknown."""
+        try:
+            spec = self.task_types[task_type]
+        except KeyError:
+            raise KeyError(f"unknown task type {task_type!r}") from None
+        return [self.tools[name] for name in spec.tools]
+
+    def tools_for_role(self, role: str) -> list[ToolContract]:
+        """The contracts that grant ``role``, sorted by name (role check only)."""
+        return [t for _, t in sorted(self.tools.items()) if role in t.roles]

@@ -1,0 +1,216 @@
+"""Writing the OPA bundle directory (no OPA needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gateway import bundle as bundle_module
+from gateway.bundle import default_policies_dir, write_bundle
+from gateway.catalogue import compile_catalogue, load_catalogue
+from gateway.contracts import Catalogue
+from gateway.demo import demo_catalogue_dir
+
+
+@pytest.fixture
+def catalogue() -> Catalogue:
+    return load_catalogue(demo_catalogue_dir("sales"))
+
+
+@pytest.fixture
+def policies(tmp_path: Path) -> Path:
+    """A tiny stand-in for the policy tree, tests included."""
+    root = tmp_path / "policies"
+    for relative, package in [
+        ("capgate/compose/compose.rego", "capgate.compose"),
+        ("capgate/compose/compose_test.rego", "capgate.compose_test"),
+        ("capgate/execute/execute.rego", "capgate.execute"),
+        ("capgate/lib/util.rego", "capgate.lib"),
+        ("capgate/lib/util_test.rego", "capgate.lib_test"),
+    ]:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"package {package}\n", encoding="utf-8")
+    (root / "README.md").write_text("not a policy\n", encoding="utf-8")
+    return root
+
+
+def files_under(directory: Path) -> set[str]:
+    return {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+
+
+def siblings(out_dir: Path) -> set[str]:
+    """Names next to ``out_dir``, to prove no temporary directory was left behind."""
+    return {p.name for p in out_dir.parent.iterdir()} if out_dir.parent.exists() else set()
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(bundle_module.__all__) == [
+        "BUNDLE_ROOT",
+        "DATA_PATH",
+        "default_policies_dir",
+        "write_bundle",
+    ]
+
+
+def test_bundle_holds_policies_data_and_manifest(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    out_dir = tmp_path / "out" / "bundle"
+    assert write_bundle(catalogue, out_dir, policies) == out_dir
+    assert files_under(out_dir) == {
+        ".manifest",
+        "capgate/catalogue/data.json",
+        "capgate/compose/compose.rego",
+        "capgate/execute/execute.rego",
+        "capgate/lib/util.rego",
+    }
+    assert (out_dir / "capgate/lib/util.rego").read_text(
+        encoding="utf-8"
+    ) == "package capgate.lib\n"
+    document = compile_catalogue(catalogue)
+    data = json.loads((out_dir / "capgate/catalogue/data.json").read_text(encoding="utf-8"))
+    assert data == document
+    manifest = json.loads((out_dir / ".manifest").read_text(encoding="utf-8"))
+    assert manifest == {"revision": document["meta"]["digest"], "roots": ["capgate"]}
+    assert siblings(out_dir) == {"bundle"}
+
+
+def test_bundle_replaces_an_earlier_bundle(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    out_dir = tmp_path / "bundle"
+    write_bundle(load_catalogue(demo_catalogue_dir("oracle-grove")), out_dir, policies)
+    (policies / "capgate/execute/execute.rego").unlink()
+    write_bundle(catalogue, out_dir, policies)
+    assert "capgate/execute/execute.rego" not in files_under(out_dir)
+    manifest = json.loads((out_dir / ".manifest").read_text(encoding="utf-8"))
+    assert manifest["revision"] == compile_catalogue(catalogue)["meta"]["digest"]
+    assert siblings(out_dir) == {"bundle", "policies"}
+
+
+def test_empty_directory_may_be_filled(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    out_dir = tmp_path / "bundle"
+    out_dir.mkdir()
+    write_bundle(catalogue, out_dir, policies)
+    assert (out_dir / ".manifest").is_file()
+
+
+def test_a_foreign_directory_is_not_replaced(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    out_dir = tmp_path / "precious"
+    out_dir.mkdir()
+    (out_dir / "thesis.txt").write_text("years of work", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="refusing to replace"):
+        write_bundle(catalogue, out_dir, policies)
+    assert files_under(out_dir) == {"thesis.txt"}
+
+
+def test_missing_policies_dir_leaves_nothing(tmp_path: Path, catalogue: Catalogue) -> None:
+    out_dir = tmp_path / "out" / "bundle"
+    with pytest.raises(FileNotFoundError, match="policies directory not found"):
+        write_bundle(catalogue, out_dir, tmp_path / "no-policies")
+    assert not (tmp_path / "out").exists()
+
+
+def test_policies_dir_without_policies_is_refused(tmp_path: Path, catalogue: Catalogue) -> None:
+    only_tests = tmp_path / "policies"
+    only_tests.mkdir()
+    (only_tests / "x_test.rego").write_text("package x_test\n", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match="no policy files"):
+        write_bundle(catalogue, tmp_path / "bundle", only_tests)
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_failure_while_writing_leaves_no_partial_bundle(
+    tmp_path: Path, catalogue: Catalogue, policies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    real_copy = shutil.copyfile
+
+    def copy_then_fail(src: Path, dst: Path) -> Path:
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_copy(src, dst)
+
+    monkeypatch.setattr("gateway.bundle.shutil.copyfile", copy_then_fail)
+    out_dir = tmp_path / "out" / "bundle"
+    with pytest.raises(OSError, match="No space left"):
+        write_bundle(catalogue, out_dir, policies)
+    assert len(calls) == 2
+    assert not out_dir.exists()
+    assert siblings(out_dir) == set()
+
+
+def test_failure_keeps_the_earlier_bundle(
+    tmp_path: Path, catalogue: Catalogue, policies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out_dir = tmp_path / "bundle"
+    write_bundle(catalogue, out_dir, policies)
+    before = {name: (out_dir / name).read_bytes() for name in files_under(out_dir)}
+
+    def unwritable(path: Path, value: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(bundle_module, "_write_json", unwritable)
+    with pytest.raises(PermissionError):
+        write_bundle(load_catalogue(demo_catalogue_dir("oracle-grove")), out_dir, policies)
+    assert {name: (out_dir / name).read_bytes() for name in files_under(out_dir)} == before
+    assert siblings(out_dir) == {"bundle", "policies"}
+
+
+def test_failed_swap_restores_the_earlier_bundle(
+    tmp_path: Path, catalogue: Catalogue, policies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out_dir = tmp_path / "bundle"
+    write_bundle(catalogue, out_dir, policies)
+    manifest = (out_dir / ".manifest").read_bytes()
+    real_replace = os.replace
+
+    def refuse_moving_in(src: Path, dst: Path) -> None:
+        if Path(src).name.endswith(".tmp"):
+            raise OSError(5, "Input/output error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr("gateway.bundle.os.replace", refuse_moving_in)
+    with pytest.raises(OSError, match="Input/output"):
+        write_bundle(load_catalogue(demo_catalogue_dir("oracle-grove")), out_dir, policies)
+    assert (out_dir / ".manifest").read_bytes() == manifest
+    assert siblings(out_dir) == {"bundle", "policies"}
+
+
+def test_default_policies_dir_from_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CAPGATE_POLICIES", str(tmp_path))
+    assert default_policies_dir() == tmp_path
+    monkeypatch.setenv("CAPGATE_POLICIES", str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=r"from \$CAPGATE_POLICIES"):
+        default_policies_dir()
+
+
+def test_default_policies_dir_is_the_repository_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CAPGATE_POLICIES", raising=False)
+    expected = Path(bundle_module.__file__).resolve().parents[1] / "policies"
+    if expected.is_dir():
+        assert default_policies_dir() == expected
+    else:  # an installed package ships no policies
+        with pytest.raises(FileNotFoundError, match="CAPGATE_POLICIES"):
+            default_policies_dir()
+
+
+def test_missing_default_policies_dir_says_how_to_fix_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CAPGATE_POLICIES", raising=False)
+    monkeypatch.setattr(bundle_module, "__file__", str(tmp_path / "gateway" / "bundle.py"))
+    with pytest.raises(FileNotFoundError, match=r"set \$CAPGATE_POLICIES"):
+        default_policies_dir()
