@@ -1,0 +1,329 @@
+"""Run a private OPA next to this process, reachable only through a unix socket.
+
+Why a child process on a socket: the gateway must not depend on a sidecar someone
+else started, and a socket in a 0700 directory is reachable by this user alone,
+with no TCP port for anything else on the machine (or off it) to talk to.
+
+Why so much care about stopping: an OPA left running keeps a stale policy serving
+and holds the bundle open. The child therefore dies with us however we end:
+
+- ``stop()`` (or leaving the ``with`` block, also on Ctrl-C) sends SIGTERM, waits,
+  then SIGKILLs, and is safe to call twice;
+- an ``atexit`` hook stops it when the interpreter exits normally;
+- on Linux the child asks the kernel (``PR_SET_PDEATHSIG``) for SIGTERM when its
+  parent dies, which covers ``kill -9`` of Python, where no Python code runs.
+
+OPA is started with:
+
+- ``--set decision_logs.console=true``: OPA returns a ``decision_id`` only when
+  decision logging is on; the id ties an enforcement to OPA's log line;
+- a second, generated bundle holding ``system.log.mask`` that erases ``/input`` from
+  those log lines, because the facts (tenants, principals, subjects) do not belong
+  in a log file; the policy bundle must therefore declare its ``roots`` in
+  ``.manifest`` (a bundle without roots claims every path and OPA refuses both);
+- ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
+- ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from gateway.errors import OPAProcessError
+from gateway.policy_client import PolicyClient
+
+__all__ = ["OPA_BIN_ENV", "EmbeddedOPA", "find_opa_binary"]
+
+#: Environment variable naming the OPA binary to use, ahead of every other place.
+OPA_BIN_ENV: Final = "CAPGATE_OPA_BIN"
+
+_REPO: Final = Path(__file__).resolve().parents[1]
+_STOP_GRACE_SECONDS: Final = 5.0
+_LOG_TAIL_CHARS: Final = 4000
+# sun_path holds 108 bytes on Linux and 104 on macOS, terminating NUL included.
+_MAX_SOCKET_PATH: Final = 100
+_PR_SET_PDEATHSIG: Final = 1
+_MASK_BUNDLE: Final = "capgate-log-mask"
+_MASK_REGO: Final = """\
+# METADATA
+# title: Keep facts out of OPA's decision log
+# description: Erases the input from every decision log entry; ids and results stay.
+package system.log
+
+mask contains "/input"
+"""
+
+
+def find_opa_binary() -> Path:
+    """The OPA binary to run: ``$CAPGATE_OPA_BIN``, then ``.tools/bin/opa``, then PATH.
+
+    An explicit ``$CAPGATE_OPA_BIN`` that does not point at an executable is an
+    error rather than a reason to fall back: a silently different OPA is worse.
+    """
+    explicit = os.environ.get(OPA_BIN_ENV)
+    if explicit:
+        path = Path(explicit)
+        if _is_executable(path):
+            return path
+        raise OPAProcessError(
+            f"${OPA_BIN_ENV} is set to {explicit}, which is not an executable file; "
+            f"unset it or point it at an OPA binary"
+        )
+    bundled = _REPO / ".tools" / "bin" / "opa"
+    if _is_executable(bundled):
+        return bundled
+    on_path = shutil.which("opa")
+    if on_path is not None:
+        return Path(on_path)
+    raise OPAProcessError(
+        f"no OPA binary found: looked at ${OPA_BIN_ENV} (unset), {bundled} and PATH. "
+        "Run `make setup` (or scripts/install-tools.sh) to build the pinned OPA into "
+        f".tools/bin, or set {OPA_BIN_ENV}"
+    )
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when its parent dies (Linux).
+
+    Caveat from prctl(2): "parent" is the thread that forked. Start OPA from a
+    thread that lives as long as the gateway (normally the main thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: nothing to load after
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class EmbeddedOPA:
+    """One OPA server serving ``bundle_dir`` on a private unix socket.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. Pass
+    :attr:`address` to :class:`gateway.policy_client.PolicyClient`. ``start`` returns
+    only once OPA reports every bundle activated, so the first decision is real.
+    """
+
+    def __init__(
+        self,
+        bundle_dir: Path,
+        *,
+        opa_binary: Path | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        self.bundle_dir = Path(bundle_dir)
+        self.opa_binary = opa_binary
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+
+    # -- properties --------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """``unix:///.../opa.sock``, for PolicyClient."""
+        return f"unix://{self._require_dir() / 'opa.sock'}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self._require_dir() / "opa.sock"
+
+    @property
+    def log_path(self) -> Path:
+        """OPA's stdout and stderr. Removed with the private directory on stop."""
+        return self._require_dir() / "opa.log"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise OPAProcessError("OPA is not running")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _require_dir(self) -> Path:
+        if self._dir is None:
+            raise OPAProcessError("OPA has not been started")
+        return self._dir
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> EmbeddedOPA:
+        """Start OPA and wait until it serves the bundle; on any failure, clean up.
+
+        Raises OPAProcessError (with the tail of OPA's log) if OPA exits or does not
+        become healthy within ``startup_timeout`` seconds.
+        """
+        if self._proc is not None:
+            return self
+        try:
+            self._launch()
+            self._wait_healthy()
+        except BaseException:  # KeyboardInterrupt included: leave nothing behind
+            self.stop()
+            raise
+        return self
+
+    def _launch(self) -> None:
+        binary = self.opa_binary if self.opa_binary is not None else find_opa_binary()
+        if not _is_executable(binary):
+            raise OPAProcessError(f"OPA binary {binary} is not an executable file")
+        if not self.bundle_dir.exists():
+            raise OPAProcessError(f"bundle {self.bundle_dir} does not exist")
+        self._dir = _private_dir()
+        mask_bundle = self._dir / _MASK_BUNDLE
+        (mask_bundle / "system" / "log").mkdir(parents=True)
+        (mask_bundle / ".manifest").write_text('{"roots": ["system/log"]}\n')
+        (mask_bundle / "system" / "log" / "mask.rego").write_text(_MASK_REGO)
+        args = [
+            str(binary),
+            "run",
+            "--server",
+            "--addr",
+            f"unix://{self.socket_path}",
+            "--unix-socket-perm",
+            "600",
+            "--bundle",
+            str(self.bundle_dir.resolve()),
+            str(mask_bundle),
+            "--set",
+            "decision_logs.console=true",
+            "--log-format",
+            "json",
+            "--skip-version-check",
+        ]
+        # A file, not a PIPE: nobody reads OPA's output while it runs, and a full
+        # pipe would block OPA mid-decision.
+        with self.log_path.open("wb") as log_file:
+            try:
+                self._proc = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self._dir,
+                    preexec_fn=_die_with_parent(),  # the only hook for PR_SET_PDEATHSIG
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise OPAProcessError(f"could not run {binary}: {exc}") from exc
+        atexit.register(self.stop)
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        pause = 0.02
+        with PolicyClient(self.address, timeout=1.0, connect_timeout=1.0) as client:
+            while True:
+                # Socket first: a health call before OPA listens is a wasted connect.
+                if self.socket_path.exists() and client.health(bundles=True):
+                    return
+                code = self._proc.poll()
+                if code is not None:
+                    tail = self._log_tail()
+                    raise OPAProcessError(
+                        f"OPA exited with status {code} while starting "
+                        f"(bundle {self.bundle_dir}):\n{tail}{_hint(tail)}"
+                    )
+                if time.monotonic() >= deadline:
+                    raise OPAProcessError(
+                        f"OPA did not report its bundles activated within "
+                        f"{self.startup_timeout}s (bundle {self.bundle_dir}):\n{self._log_tail()}"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+
+    def stop(self) -> None:
+        """SIGTERM, wait up to 5 s, SIGKILL; then remove the private directory.
+
+        Idempotent. An interrupt while waiting still ends in SIGKILL, so leaving a
+        ``with`` block on Ctrl-C, even a second Ctrl-C, leaves no OPA behind.
+        """
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        try:
+            if proc is not None and proc.poll() is None:
+                try:
+                    proc.terminate()
+                    proc.wait(timeout=_STOP_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+        finally:
+            directory, self._dir = self._dir, None
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedOPA:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self._proc.pid}" if self._proc is not None else "stopped"
+        return f"EmbeddedOPA({str(self.bundle_dir)!r}, {state})"
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _log_tail(self) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError as exc:
+            return f"(no OPA log: {exc})"
+        text = data[-_LOG_TAIL_CHARS:].decode("utf-8", errors="replace")
+        return text.strip() or "(OPA log is empty)"
+
+
+def _hint(log_tail: str) -> str:
+    """Advice for the one startup failure our own command line can cause."""
+    if "overlapping roots" in log_tail:
+        return (
+            f"\nhint: the policy bundle must list its roots in .manifest (e.g. "
+            f'{{"roots": ["capgate"]}}), so that it does not overlap the generated '
+            f"{_MASK_BUNDLE} bundle (root system/log) that keeps input out of OPA's log"
+        )
+    return ""
+
+
+def _private_dir() -> Path:
+    """A fresh 0700 directory whose socket path fits in ``sun_path``."""
+    directory = Path(tempfile.mkdtemp(prefix="capgate-opa-"))  # mkdtemp: mode 0700
+    if len(str(directory / "opa.sock").encode()) > _MAX_SOCKET_PATH:
+        # A long $TMPDIR (macOS, CI runners) would make the socket path unusable.
+        directory.rmdir()
+        directory = Path(tempfile.mkdtemp(prefix="capgate-opa-", dir="/tmp"))
+    with contextlib.suppress(OSError):
+        directory.chmod(0o700)
+    return directory

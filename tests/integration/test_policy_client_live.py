@@ -1,0 +1,309 @@
+"""PolicyClient against a real OPA, over both transports it supports.
+
+Every test runs twice: against an EmbeddedOPA on a unix socket, and against an
+``opa run`` started here on a free 127.0.0.1 port (the "external OPA" path). The
+bundle is a throwaway one written per test, so these tests check the client and
+the wire format, not the project's policies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.decisions import ComposeDecision, ExecuteDecision
+from gateway.errors import PolicyUnavailable
+from gateway.facts import ComposeInput, ExecuteInput
+from gateway.opa_process import EmbeddedOPA, find_opa_binary
+from gateway.policy_client import PolicyClient
+
+pytestmark = pytest.mark.integration
+
+DIGEST = "sha256:" + "0" * 64
+PARAMS_DIGEST = "sha256:" + "1" * 64
+STARTUP_SECONDS = 20.0
+
+COMPOSE_FACTS = {
+    "principal": {"agent": "sales-bot", "role": "sales", "tenant": "acme"},
+    "task": {"type": "customer_quote", "linked_resources": [{"type": "opportunity", "id": "o-1"}]},
+    "connections": {"crm": "active"},
+    "environment": "production",
+    "budget_class": "standard",
+}
+EXECUTE_FACTS = {
+    **COMPOSE_FACTS,
+    "call": {
+        "tool": "quote.prepare_send",
+        "version": 1,
+        "operation_id": "send-1",
+        "subject": {"type": "opportunity", "id": "o-1"},
+        "params_digest": PARAMS_DIGEST,
+    },
+    "approval": {
+        "kind": "exact_content_and_recipient",
+        "tool": "quote.prepare_send",
+        "digest": PARAMS_DIGEST,
+        "expires_at": "2030-01-01T00:00:00Z",
+        "approved_by": "founder",
+    },
+    "evidence": [],
+}
+
+
+def write_bundle(root: Path) -> Path:
+    """Fixed decisions: compose shows nothing, execute denies, and a catalogue digest.
+
+    The execute rule echoes the call's tool in its message, which proves the input
+    arrived as the facts models serialise it.
+    """
+    bundle = root / "bundle"
+    for package in ("compose", "execute", "catalogue/meta"):
+        (bundle / "capgate" / package).mkdir(parents=True)
+    (bundle / ".manifest").write_text(json.dumps({"roots": ["capgate"]}))
+    (bundle / "capgate" / "compose" / "compose.rego").write_text(
+        textwrap.dedent("""\
+            package capgate.compose
+
+            decision := {"visible": [], "excluded": {}}
+            """)
+    )
+    (bundle / "capgate" / "execute" / "execute.rego").write_text(
+        textwrap.dedent("""\
+            package capgate.execute
+
+            decision := {
+            \t"allow": false,
+            \t"reasons": [{"code": "test_deny", "message": sprintf("no %s", [input.call.tool])}],
+            \t"obligations": [],
+            }
+            """)
+    )
+    (bundle / "capgate" / "catalogue" / "meta" / "data.json").write_text(
+        json.dumps({"digest": DIGEST})
+    )
+    return bundle
+
+
+@dataclass
+class Server:
+    """A running OPA: where to reach it and how to kill it."""
+
+    address: str
+    pid: int
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def wait_healthy(address: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    with PolicyClient(address, timeout=1.0, connect_timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if client.health():
+                return True
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+    pytest.fail(f"external OPA did not become healthy:\n{log.read_text()[-2000:]}")
+
+
+@contextmanager
+def external_opa(bundle: Path, log: Path) -> Iterator[Server]:
+    """``opa run`` on a free 127.0.0.1 port, as an operator would run a sidecar."""
+    for _attempt in range(3):  # the port can be taken between probe and bind
+        port = free_port()
+        address = f"http://127.0.0.1:{port}"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    str(find_opa_binary()),
+                    "run",
+                    "--server",
+                    "--addr",
+                    f"127.0.0.1:{port}",
+                    "--bundle",
+                    str(bundle),
+                    "--set",
+                    "decision_logs.console=true",
+                    "--log-format",
+                    "json",
+                    "--skip-version-check",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            if wait_healthy(address, proc, log):
+                yield Server(address, proc.pid)
+                return
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.wait()
+    pytest.fail(f"external OPA would not start:\n{log.read_text()[-2000:]}")
+
+
+@pytest.fixture(params=["embedded_unix", "external_tcp"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    bundle = write_bundle(tmp_path)
+    if request.param == "embedded_unix":
+        with EmbeddedOPA(bundle, startup_timeout=STARTUP_SECONDS) as opa:
+            yield Server(opa.address, opa.pid)
+    else:
+        with external_opa(bundle, tmp_path / "opa.log") as external:
+            yield external
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[PolicyClient]:
+    # Generous timeouts: a 2-core shared CI machine can stall for a while.
+    with PolicyClient(server.address, timeout=5.0, connect_timeout=5.0) as policy:
+        yield policy
+
+
+# -- answers ---------------------------------------------------------------------
+
+
+def test_health(client: PolicyClient) -> None:
+    assert client.health(bundles=True)
+    assert client.health(bundles=False)
+
+
+def test_compose_parses_with_a_decision_id(client: PolicyClient) -> None:
+    decision = client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+    assert isinstance(decision, ComposeDecision)
+    assert decision.visible == []
+    assert decision.excluded == {}
+    assert decision.decision_id
+
+
+def test_execute_parses_with_a_decision_id(client: PolicyClient) -> None:
+    decision = client.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
+    assert isinstance(decision, ExecuteDecision)
+    assert decision.allow is False
+    assert decision.reason_codes == ["test_deny"]
+    assert decision.reasons[0].message == "no quote.prepare_send"
+    assert decision.obligations == []
+    assert decision.decision_id
+
+
+def test_each_decision_has_its_own_id(client: PolicyClient) -> None:
+    facts = ComposeInput.model_validate(COMPOSE_FACTS)
+    ids = {client.compose(facts).decision_id for _ in range(5)}
+    assert len(ids) == 5
+
+
+def test_catalogue_digest(client: PolicyClient) -> None:
+    assert client.catalogue_digest() == DIGEST
+
+
+def test_undefined_decision_fails_closed(client: PolicyClient) -> None:
+    with pytest.raises(PolicyUnavailable, match="undefined"):
+        client.query("capgate/nothing/here", {})
+
+
+def test_non_object_result_fails_closed(client: PolicyClient) -> None:
+    with pytest.raises(PolicyUnavailable, match="not an object"):
+        client.query("capgate/catalogue/meta/digest", {})
+
+
+# -- OPA dies --------------------------------------------------------------------
+
+
+def test_opa_killed_mid_run_fails_closed_and_the_tool_never_runs(
+    server: Server, client: PolicyClient
+) -> None:
+    entered: list[str] = []
+
+    def send_quote() -> None:
+        entered.append("send_quote")  # stands in for a tool with side effects
+
+    def guarded_call() -> None:
+        decision = client.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
+        if decision.allow:  # never, with this bundle; reaching here at all is the point
+            send_quote()
+        entered.append("decided")
+
+    guarded_call()  # warm: a keep-alive connection to OPA is now pooled
+    assert entered == ["decided"]
+
+    os.kill(server.pid, signal.SIGKILL)
+    wait_dead(server.pid)
+
+    entered.clear()
+    with pytest.raises(PolicyUnavailable):
+        guarded_call()
+    assert entered == []
+    with pytest.raises(PolicyUnavailable):
+        client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+    with pytest.raises(PolicyUnavailable):
+        client.catalogue_digest()
+    assert client.health() is False
+
+
+def wait_dead(pid: int) -> None:
+    """Until ``pid`` is gone or a zombie; it is our child, so nobody reaps it yet."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return
+        if "\nState:\tZ" in status:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"OPA {pid} survived SIGKILL")
+
+
+# -- a stalled OPA ---------------------------------------------------------------
+
+
+def test_a_server_that_never_answers_times_out_quickly() -> None:
+    # A listening socket that never accepts: the kernel completes the handshake, so
+    # the connect succeeds and the read is what has to time out.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as stalled:
+        stalled.bind(("127.0.0.1", 0))
+        stalled.listen(8)
+        port = stalled.getsockname()[1]
+        with PolicyClient(f"http://127.0.0.1:{port}", timeout=0.3) as slow:
+            started = time.monotonic()
+            with pytest.raises(PolicyUnavailable, match="in time"):
+                slow.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
+            elapsed = time.monotonic() - started
+    assert 0.25 <= elapsed < 3.0
+
+
+def test_nothing_listening_is_unreachable() -> None:
+    port = free_port()
+    with PolicyClient(f"http://127.0.0.1:{port}") as nowhere:
+        with pytest.raises(PolicyUnavailable, match="unreachable"):
+            nowhere.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+        assert nowhere.health() is False
+
+
+def test_missing_socket_is_unreachable(tmp_path: Path) -> None:
+    with (
+        PolicyClient(f"unix://{tmp_path}/no.sock") as nowhere,
+        pytest.raises(PolicyUnavailable, match="unreachable"),
+    ):
+        nowhere.compose(ComposeInput.model_validate(COMPOSE_FACTS))
