@@ -33,7 +33,7 @@ from pydantic import (
 from gateway.facts import Identifier
 
 __all__ = [
-    "Approval",
+    "ApprovalKind",
     "BudgetClassSpec",
     "Catalogue",
     "CostClass",
@@ -58,7 +58,7 @@ class Mode(StrEnum):
     WRITE = "write"
 
 
-class Approval(StrEnum):
+class ApprovalKind(StrEnum):
     """The human approval a call needs before it may run.
 
     ``exact_content_and_recipient`` binds the approval to the digest of the call's
@@ -175,7 +175,7 @@ class ToolContract(_Spec):
     #: policy checks is the object the tool touches.
     subject_param: Identifier | None = None
     requires: list[Identifier] = Field(default_factory=list)
-    approval: Approval = Approval.NONE
+    approval: ApprovalKind = ApprovalKind.NONE
     # validate_default: the propose_write rule must also run when the key is absent.
     execution_action: Identifier | None = Field(default=None, validate_default=True)
     recovery: Identifier

@@ -94,7 +94,7 @@ def test_public_surface_is_pinned() -> None:
         "load_catalogue",
     ]
     assert sorted(contracts.__all__) == [
-        "Approval",
+        "ApprovalKind",
         "BudgetClassSpec",
         "Catalogue",
         "CostClass",
