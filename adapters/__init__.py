@@ -1,0 +1,1 @@
+"""Transports and tool implementations. Adapters run tools; they never decide."""

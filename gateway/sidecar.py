@@ -1,0 +1,97 @@
+"""Find the OPA to talk to: an external one if configured, else one we start and own.
+
+With no address configured (neither the ``opa_url`` argument nor ``CAPGATE_OPA_URL``)
+capgate writes a bundle of the policies and the compiled catalogue to a private
+temporary folder, starts a local OPA on a unix socket, and stops it on close. In
+both cases it then checks that OPA serves exactly the catalogue this process
+loaded: a dispatcher whose catalogue differs from the policy's would describe
+tools that OPA judges by other rules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from gateway.bundle import write_bundle
+from gateway.catalogue import compile_catalogue
+from gateway.contracts import Catalogue
+from gateway.errors import PolicyUnavailable
+from gateway.opa_process import EmbeddedOPA
+from gateway.policy_client import DEFAULT_TIMEOUT, PolicyClient
+
+__all__ = ["OPA_URL_ENV", "PolicySidecar"]
+
+#: Environment variable naming an external OPA, e.g. ``http://127.0.0.1:8181``.
+OPA_URL_ENV = "CAPGATE_OPA_URL"
+
+
+class PolicySidecar:
+    """A PolicyClient plus, when embedded, the OPA process and bundle it owns."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        *,
+        opa_url: str | None = None,
+        timeout: float | None = None,
+        policies_dir: Path | None = None,
+    ) -> None:
+        self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
+        url = opa_url or os.environ.get(OPA_URL_ENV) or None
+        self.process: EmbeddedOPA | None = None
+        self._bundle_root: Path | None = None
+        if url is None:
+            self._bundle_root = Path(tempfile.mkdtemp(prefix="capgate-bundle-"))
+            try:
+                bundle = write_bundle(catalogue, self._bundle_root / "bundle", policies_dir)
+                self.process = EmbeddedOPA(bundle)
+                self.process.start()
+                url = self.process.address
+            except BaseException:
+                self.close()
+                raise
+        self.client = PolicyClient(url, timeout=timeout or DEFAULT_TIMEOUT)
+        try:
+            self._check_catalogue()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def embedded(self) -> bool:
+        return self.process is not None
+
+    def _check_catalogue(self) -> None:
+        served = self.client.catalogue_digest()
+        if served != self.expected_digest:
+            raise PolicyUnavailable(
+                f"OPA serves catalogue {served}, but this dispatcher loaded "
+                f"{self.expected_digest}: rebuild the bundle (`capgate bundle`) or "
+                "point capgate at the matching catalogue"
+            )
+
+    def close(self) -> None:
+        """Close the client, stop an owned OPA, remove its bundle. Safe to call twice."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+        if self.process is not None:
+            self.process.stop()
+        if self._bundle_root is not None:
+            shutil.rmtree(self._bundle_root, ignore_errors=True)
+            self._bundle_root = None
+
+    def __enter__(self) -> PolicySidecar:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
