@@ -1,0 +1,96 @@
+"""The command line, the demo, and the external-OPA path, each against a real OPA."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
+from gateway.contracts import Catalogue
+from gateway.demo import demo_catalogue_dir
+from gateway.demo.scenes import run_demo
+from gateway.errors import PolicyUnavailable
+from gateway.sidecar import OPA_URL_ENV, PolicySidecar
+from tests.integration.opa_servers import external_opa
+
+pytestmark = pytest.mark.integration
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "examples"
+SALES = str(demo_catalogue_dir("sales"))
+
+
+def test_demo_runs_every_scene_and_holds_every_expectation():
+    out = io.StringIO()
+    assert run_demo(out) == 0
+    trace = out.getvalue()
+    assert "FAIL" not in trace
+    assert "demo finished: every expectation held" in trace
+    denial = next(line for line in trace.splitlines() if "sales-bot" in line and "payment" in line)
+    assert "DENY" in denial
+    assert "role_not_granted" in denial
+    assert "decision_id=" in denial
+    assert "decision_id=-" not in denial  # a real OPA decision id, not a placeholder
+
+
+def test_cli_eval_compose_prints_visible_and_reasons(capsys):
+    code = main(["eval", "compose", str(DOCS / "compose.json"), "--catalogue", SALES])
+    out = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "visible: contact.read, quote.propose" in out
+    assert "excluded: payment.execute" in out
+    assert "role_not_granted" in out
+
+
+def test_cli_eval_execute_deny_exits_3_with_reasons(capsys):
+    code = main(["eval", "execute", str(DOCS / "execute.yaml"), "--catalogue", SALES, "--json"])
+    decision = json.loads(capsys.readouterr().out)
+    assert code == EXIT_DENIED
+    assert decision["allow"] is False
+    codes = {r["code"] for r in decision["reasons"]}
+    assert {"role_not_granted", "budget_class_exceeded", "approval_required"} <= codes
+    assert decision["decision_id"]
+
+
+def test_cli_eval_rejects_bad_input_naming_the_field(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"principal": {"agent": "a", "role": "r"}}))
+    code = main(["eval", "compose", str(bad), "--catalogue", SALES])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR
+    assert "input_invalid" in err
+    assert "principal.tenant" in err
+
+
+def test_cli_check_and_bundle(tmp_path, capsys):
+    assert main(["check", SALES]) == EXIT_OK
+    assert "4 tool(s)" in capsys.readouterr().out
+    assert main(["bundle", SALES, str(tmp_path / "b")]) == EXIT_OK
+    assert (tmp_path / "b" / ".manifest").is_file()
+
+
+def test_external_opa_serves_the_bundle_the_cli_wrote(
+    tmp_path, sales_catalogue: Catalogue, monkeypatch
+):
+    assert main(["bundle", SALES, str(tmp_path / "bundle")]) == EXIT_OK
+    with external_opa(tmp_path / "bundle", tmp_path / "opa.log") as server:
+        monkeypatch.setenv(OPA_URL_ENV, server.address)
+        with PolicySidecar(sales_catalogue) as sidecar:
+            assert not sidecar.embedded
+            assert sidecar.client.catalogue_digest() == sidecar.expected_digest
+
+
+def test_external_opa_with_another_catalogue_is_refused(tmp_path, oracle_catalogue: Catalogue):
+    assert main(["bundle", SALES, str(tmp_path / "bundle")]) == EXIT_OK
+    with (
+        external_opa(tmp_path / "bundle", tmp_path / "opa.log") as server,
+        pytest.raises(PolicyUnavailable, match="catalogue"),
+    ):
+        PolicySidecar(oracle_catalogue, opa_url=server.address)
+
+
+def test_unreachable_external_opa_fails_closed(sales_catalogue: Catalogue):
+    with pytest.raises(PolicyUnavailable):
+        PolicySidecar(sales_catalogue, opa_url="http://127.0.0.1:9")
