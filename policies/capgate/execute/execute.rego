@@ -1,0 +1,282 @@
+# METADATA
+# title: Execute
+# description: |
+#   May this exact call run now? The called tool must be in the catalogue, pass every
+#   compose check (re-derived through capgate.visibility, so a tool hidden at compose
+#   time is never callable) and every call-time check. Query
+#   data.capgate.execute.decision.
+# custom:
+#   reason_codes:
+#     - unknown_tool
+#     - version_mismatch
+#     - role_not_granted
+#     - not_needed_by_task
+#     - connection_missing
+#     - tool_not_enabled_for_tenant
+#     - connection_revoked
+#     - environment_restricted
+#     - budget_class_exceeded
+#     - approval_required
+#     - approval_mismatch
+#     - approval_expired
+#     - evidence_missing
+#     - subject_out_of_scope
+#     - operation_id_missing
+#   obligation_codes:
+#     - pass_idempotency_key
+package capgate.execute
+
+import data.capgate.visibility
+
+# METADATA
+# title: Execute decision
+# description: |
+#   {"allow": bool, "reasons": [{"code", "message"}, ...], "obligations": [...]}.
+#   Always defined, whatever the input: anything missing or malformed is a deny with
+#   a reason. Obligations are only attached to an allow.
+# entrypoint: true
+# custom:
+#   reason_codes:
+#     - unknown_tool
+#     - version_mismatch
+#     - role_not_granted
+#     - not_needed_by_task
+#     - connection_missing
+#     - tool_not_enabled_for_tenant
+#     - connection_revoked
+#     - environment_restricted
+#     - budget_class_exceeded
+#     - approval_required
+#     - approval_mismatch
+#     - approval_expired
+#     - evidence_missing
+#     - subject_out_of_scope
+#     - operation_id_missing
+#   obligation_codes:
+#     - pass_idempotency_key
+decision := {"allow": allow, "reasons": reasons, "obligations": obligations}
+
+default allow := false
+
+# Every check is granted positively here as well as having no reason against it, so
+# a reason that failed to render can never turn into an allow.
+allow if {
+	_is_known_tool
+	visibility.is_visible(_name)
+	_version_matches
+	_approval_satisfied
+	_evidence_complete
+	_subject_in_scope
+	_has_idempotency_key
+	count(reasons) == 0
+}
+
+obligations contains {"code": "pass_idempotency_key", "params": {"key": _call.operation_id}} if {
+	allow
+	_needs_idempotency_key
+}
+
+# Reasons. unknown_tool stands alone: nothing else is derived for a tool the
+# catalogue does not know.
+
+reasons contains {"code": "unknown_tool", "message": message} if {
+	not _is_known_tool
+	message := sprintf("tool %s is not in the catalogue", [_quote(_name)])
+}
+
+# The compose checks, exactly as compose runs them.
+reasons contains reason if {
+	_is_known_tool
+	some reason in visibility.reasons(_name)
+}
+
+reasons contains {"code": "version_mismatch", "message": message} if {
+	_is_known_tool
+	not _version_matches
+	message := sprintf("the call names version %s of tool %s but the catalogue has version %s", [
+		_quote(object.get(_call, "version", null)),
+		_quote(_name),
+		_quote(object.get(_contract, "version", null)),
+	])
+}
+
+reasons contains {"code": "approval_required", "message": message} if {
+	_is_approval_checked
+	not _has_approval
+	message := sprintf("tool %s needs an approval of kind %s and the call carries none", [
+		_quote(_name),
+		_quote(object.get(_contract, "approval", null)),
+	])
+}
+
+reasons contains {"code": "approval_mismatch", "message": message} if {
+	_is_approval_checked
+	_has_approval
+	count(_approval_mismatches) > 0
+	fields := concat(", ", sort(_approval_mismatches))
+	message := sprintf("the approval does not match the contract and the call in: %s", [fields])
+}
+
+reasons contains {"code": "approval_expired", "message": message} if {
+	_is_approval_checked
+	_has_approval
+	not _is_approval_unexpired
+	expires_at := _quote(object.get(input.approval, "expires_at", null))
+	message := sprintf("the approval's expiry %s is not an RFC 3339 time later than now", [expires_at])
+}
+
+# One reason per required evidence name the call does not bring.
+reasons contains {"code": "evidence_missing", "message": message} if {
+	_is_known_tool
+	some required in _missing_evidence
+	message := sprintf("tool %s requires evidence %s, which the call does not bring", [_quote(_name), _quote(required)])
+}
+
+# A contract whose requires is not a list is itself missing evidence.
+reasons contains {"code": "evidence_missing", "message": message} if {
+	_is_known_tool
+	not _has_requires_list
+	message := sprintf("the contract of tool %s has no valid list of required evidence", [_quote(_name)])
+}
+
+reasons contains {"code": "subject_out_of_scope", "message": message} if {
+	_is_known_tool
+	not _subject_in_scope
+	message := sprintf("tool %s acts only on a %s linked to the task, and the call's subject %s is not one", [
+		_quote(_name),
+		_quote(object.get(_contract, "subject_type", null)),
+		_quote(object.get(_call, "subject", null)),
+	])
+}
+
+# Not in the table of policy-interface.md: the pass_idempotency_key obligation needs
+# the operation id, and an allow without a usable key must not happen.
+reasons contains {"code": "operation_id_missing", "message": message} if {
+	_is_known_tool
+	not _has_idempotency_key
+	message := sprintf("tool %s takes an idempotency key and the call has no operation_id", [_quote(_name)])
+}
+
+# The call and its contract, normalised: a call that is not an object is {}, and a
+# catalogue entry that is not an object is no contract at all.
+
+default _call := {}
+
+_call := input.call if is_object(input.call)
+
+_name := object.get(_call, "tool", null)
+
+default _tools := {}
+
+_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
+
+_contract := _tools[_name] if is_object(_tools[_name])
+
+_is_known_tool if is_object(_contract)
+
+_quote(value) := json.marshal(value)
+
+# version_mismatch
+
+_version_matches if {
+	is_number(_call.version)
+	_call.version == _contract.version
+}
+
+# approval_required, approval_mismatch, approval_expired. Only "none" exempts a
+# tool; any other (or a missing) approval setting requires an approval.
+
+_is_approval_exempt if _contract.approval == "none"
+
+_is_approval_checked if {
+	_is_known_tool
+	not _is_approval_exempt
+}
+
+_has_approval if is_object(input.approval)
+
+_approval_satisfied if _is_approval_exempt
+
+_approval_satisfied if {
+	_has_approval
+	count(_approval_mismatches) == 0
+	_is_approval_unexpired
+}
+
+_approval_mismatches contains "kind" if not _approval_kind_matches
+
+_approval_mismatches contains "tool" if not _approval_tool_matches
+
+_approval_mismatches contains "digest" if not _approval_digest_matches
+
+_approval_kind_matches if {
+	is_string(input.approval.kind)
+	input.approval.kind == _contract.approval
+}
+
+_approval_tool_matches if input.approval.tool == _name
+
+_approval_digest_matches if {
+	regex.match(`^sha256:[0-9a-f]{64}$`, input.approval.digest)
+	input.approval.digest == _call.params_digest
+}
+
+# Undefined when expires_at is missing, not a string or not RFC 3339 (the parse
+# error leaves the rule undefined), so a malformed expiry reads as expired.
+_is_approval_unexpired if {
+	is_string(input.approval.expires_at)
+	time.parse_rfc3339_ns(input.approval.expires_at) > time.now_ns()
+}
+
+# evidence_missing
+
+_evidence contains name if {
+	is_array(input.evidence)
+	some name in input.evidence
+}
+
+# Negate this rule, never `is_array(_contract.requires)` itself: OPA evaluates a
+# call's reference arguments outside the `not`, so a missing field would leave the
+# negation undefined instead of true.
+_has_requires_list if is_array(_contract.requires)
+
+_missing_evidence contains required if {
+	_has_requires_list
+	some required in _contract.requires
+	not required in _evidence
+}
+
+_evidence_complete if {
+	_has_requires_list
+	count(_missing_evidence) == 0
+}
+
+# subject_out_of_scope: a tool with a subject_type acts only on a subject of that
+# type that is one of the task's linked resources.
+
+_is_subject_exempt if _contract.subject_type == null
+
+_linked contains [resource.type, resource.id] if {
+	is_array(input.task.linked_resources)
+	some resource in input.task.linked_resources
+	is_string(resource.type)
+	is_string(resource.id)
+}
+
+_subject_in_scope if _is_subject_exempt
+
+_subject_in_scope if {
+	_call.subject.type == _contract.subject_type
+	[_call.subject.type, _call.subject.id] in _linked
+}
+
+# operation_id_missing
+
+_needs_idempotency_key if _contract.idempotency == "idempotent_with_key"
+
+_has_idempotency_key if not _needs_idempotency_key
+
+_has_idempotency_key if {
+	is_string(_call.operation_id)
+	_call.operation_id != ""
+}

@@ -1,0 +1,207 @@
+package capgate.execute_test
+
+import data.capgate.execute
+import data.capgate.fixtures_test
+
+# Malformed or missing facts: the decision is still complete, a deny, with reasons.
+test_deny_malformed_input_matrix if {
+	incomplete := {note |
+		some note, case in _malformed_cases
+		decision := execute.decision with input as case.input
+			with data.capgate.catalogue as fixtures_test.catalogue
+			with time.now_ns as fixtures_test.now_ns
+		not _is_complete_deny(decision)
+	}
+	incomplete == set()
+	got := {note: fixtures_test.summary(decision) |
+		some note, case in _malformed_cases
+		decision := execute.decision with input as case.input
+			with data.capgate.catalogue as fixtures_test.catalogue
+			with time.now_ns as fixtures_test.now_ns
+	}
+	wrong := {note | some note, case in _malformed_cases; got[note].codes != case.codes}
+	wrong == set()
+}
+
+_is_complete_deny(decision) if {
+	object.keys(decision) == {"allow", "reasons", "obligations"}
+	decision.allow == false
+	count(decision.reasons) > 0
+	decision.obligations == set()
+	every reason in decision.reasons {
+		object.keys(reason) == {"code", "message"}
+		is_string(reason.message)
+	}
+}
+
+_base := fixtures_test.execute_input
+
+_malformed_cases := {
+	"empty input": {"input": {}, "codes": {"unknown_tool"}},
+	"input not an object": {"input": "send the quote", "codes": {"unknown_tool"}},
+	"call not an object": {"input": object.union(_base, {"call": "quote.prepare_send"}), "codes": {"unknown_tool"}},
+	"principal missing": {"input": json.remove(_base, ["principal"]), "codes": {"role_not_granted"}},
+	"principal not an object": {"input": object.union(_base, {"principal": "sales"}), "codes": {"role_not_granted"}},
+	"task not an object": {
+		"input": object.union(_base, {"task": "customer_quote"}),
+		"codes": {"not_needed_by_task", "subject_out_of_scope"},
+	},
+	"needs not a list": {
+		"input": object.union(_base, {"task": {"needs": {"quote.prepare_send": true}}}),
+		"codes": {"not_needed_by_task"},
+	},
+	"linked resources not a list": {
+		"input": object.union(_base, {"task": {"linked_resources": {"type": "opportunity", "id": "opp-17"}}}),
+		"codes": {"subject_out_of_scope"},
+	},
+	"linked resource without an id": {
+		"input": object.union(_base, {"task": {"linked_resources": [{"type": "opportunity"}]}}),
+		"codes": {"subject_out_of_scope"},
+	},
+	"connections not an object": {
+		"input": object.union(_base, {"connections": ["sales_mailbox"]}),
+		"codes": {"connection_missing"},
+	},
+	"environment missing": {"input": json.remove(_base, ["environment"]), "codes": {"environment_restricted"}},
+	"budget class not a string": {"input": object.union(_base, {"budget_class": 3}), "codes": {"budget_class_exceeded"}},
+	"approval not an object": {"input": object.union(_base, {"approval": "yes"}), "codes": {"approval_required"}},
+	"approval empty": {
+		"input": json.patch(_base, [{"op": "replace", "path": "/approval", "value": {}}]),
+		"codes": {"approval_mismatch", "approval_expired"},
+	},
+	"expiry not RFC 3339": {
+		"input": object.union(_base, {"approval": {"expires_at": "tomorrow noon"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry a date without a time": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry a number": {
+		"input": object.union(_base, {"approval": {"expires_at": 4102444800}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry missing": {"input": json.remove(_base, ["approval/expires_at"]), "codes": {"approval_expired"}},
+	"evidence not a list": {
+		"input": object.union(_base, {"evidence": "current_quote_revision"}),
+		"codes": {"evidence_missing"},
+	},
+	"subject not an object": {
+		"input": object.union(_base, {"call": {"subject": "opp-17"}}),
+		"codes": {"subject_out_of_scope"},
+	},
+}
+
+# Without a usable catalogue every call is an unknown tool.
+test_deny_catalogue_missing_or_malformed if {
+	catalogues := [
+		{},
+		"catalogue",
+		{"tools": []},
+		{"tools": {"quote.prepare_send": "contract"}},
+		{"tools": {"quote.prepare_send": null}},
+	]
+	every catalogue in catalogues {
+		decision := execute.decision with input as fixtures_test.execute_input
+			with data.capgate.catalogue as catalogue
+			with time.now_ns as fixtures_test.now_ns
+		decision.allow == false
+		fixtures_test.codes(decision.reasons) == {"unknown_tool"}
+		decision.obligations == set()
+	}
+}
+
+# A contract with a field missing denies with the reason of the check that reads it.
+test_deny_contract_field_missing if {
+	got := {field: fixtures_test.summary(decision) |
+		some field, _ in _contract_field_codes
+		catalogue := json.remove(fixtures_test.catalogue, [sprintf("tools/quote.prepare_send/%s", [field])])
+		decision := execute.decision with input as fixtures_test.execute_input
+			with data.capgate.catalogue as catalogue
+			with time.now_ns as fixtures_test.now_ns
+	}
+	want := {field: {"allow": false, "codes": codes, "obligations": set()} | some field, codes in _contract_field_codes}
+	got == want
+}
+
+_contract_field_codes := {
+	"version": {"version_mismatch"},
+	"roles": {"role_not_granted"},
+	"connection_alias": {"connection_missing"},
+	"environments": {"environment_restricted"},
+	"cost_class": {"budget_class_exceeded"},
+	"approval": {"approval_mismatch"},
+	"requires": {"evidence_missing"},
+	"subject_type": {"subject_out_of_scope"},
+}
+
+# A contract whose approval setting is unknown still requires an approval.
+test_deny_unknown_approval_setting_requires_approval if {
+	tool := object.union(fixtures_test.catalogue.tools["contact.read"], {"approval": "two_person"})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"contact.read": tool}})
+	facts := json.remove(object.union(fixtures_test.execute_input, {"call": {"tool": "contact.read"}}), ["approval"])
+	decision := execute.decision with input as facts
+		with data.capgate.catalogue as catalogue
+		with time.now_ns as fixtures_test.now_ns
+	fixtures_test.codes(decision.reasons) == {"approval_required"}
+}
+
+# A null approval setting is not "none": it needs an approval, and a null kind does
+# not match it.
+test_deny_null_approval_setting_is_not_matched_by_null_kind if {
+	tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"approval": null})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+	facts := object.union(fixtures_test.execute_input, {"approval": {"kind": null}})
+	decision := execute.decision with input as facts
+		with data.capgate.catalogue as catalogue
+		with time.now_ns as fixtures_test.now_ns
+	fixtures_test.summary(decision) == {"allow": false, "codes": {"approval_mismatch"}, "obligations": set()}
+}
+
+# Only idempotent_with_key contracts carry the key obligation.
+test_allow_obligation_only_for_keyed_idempotency if {
+	every idempotency in ["idempotent", "not_idempotent"] {
+		tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"idempotency": idempotency})
+		catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+		decision := execute.decision with input as fixtures_test.execute_input
+			with data.capgate.catalogue as catalogue
+			with time.now_ns as fixtures_test.now_ns
+		decision.allow == true
+		decision.obligations == set()
+	}
+}
+
+# The clock is OPA's: the same approval allows before its expiry and denies after.
+test_deny_same_approval_after_expiry if {
+	before := execute.decision with input as fixtures_test.execute_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with time.now_ns as fixtures_test.now_ns
+	before.allow == true
+	after := execute.decision with input as fixtures_test.execute_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with time.now_ns as fixtures_test.now_ns + (((2 * 60) * 60) * 1000000000)
+	fixtures_test.codes(after.reasons) == {"approval_expired"}
+}
+
+# allow needs both layers: the positive checks and an empty set of reasons. Each
+# layer alone must deny, so a reason that failed to render never becomes an allow.
+test_deny_positive_checks_deny_without_reasons if {
+	allowed := {note |
+		some note, case in _deny_cases
+		facts := json.remove(object.union(fixtures_test.execute_input, case.patch), object.get(case, "remove", []))
+		execute.allow with input as facts
+			with data.capgate.catalogue as fixtures_test.catalogue
+			with time.now_ns as fixtures_test.now_ns
+			with execute.reasons as set()
+	}
+	allowed == set()
+}
+
+test_deny_any_reason_blocks_allow if {
+	decision := execute.decision with input as fixtures_test.execute_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with time.now_ns as fixtures_test.now_ns
+		with execute.reasons as {{"code": "anything", "message": "a reason from elsewhere"}}
+	decision.allow == false
+	decision.obligations == set()
+}

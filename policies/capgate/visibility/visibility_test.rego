@@ -1,0 +1,296 @@
+package capgate.visibility_test
+
+import data.capgate.fixtures_test
+import data.capgate.visibility
+
+# Facts that keep a tool visible, one case per way of passing each check. A case
+# names its tool when it is not quote.prepare_send.
+test_allow_visible_matrix if {
+	hidden := {note |
+		some note, case in _allow_cases
+		tool := object.get(case, "tool", "quote.prepare_send")
+		facts := object.union(fixtures_test.compose_input, case.patch)
+		not visibility.is_visible(tool) with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	}
+	hidden == set()
+	with_reasons := {note |
+		some note, case in _allow_cases
+		tool := object.get(case, "tool", "quote.prepare_send")
+		facts := object.union(fixtures_test.compose_input, case.patch)
+		visibility.reasons(tool) != set() with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	}
+	with_reasons == set()
+}
+
+_allow_cases := {
+	"quote for sales in production": {"patch": {}},
+	"quote in staging": {"patch": {"environment": "staging"}},
+	"needs names the tool": {"patch": {"task": {"needs": ["quote.prepare_send"]}}},
+	"read for support": {
+		"tool": "contact.read",
+		"patch": {"principal": {"role": "support"}},
+	},
+	"pure function ignores connection states": {
+		"tool": "oracle.price",
+		"patch": {"connections": {"crm": "revoked", "sales_mailbox": "disabled"}},
+	},
+	"pure function with connections malformed": {
+		"tool": "oracle.price",
+		"patch": {"connections": "none"},
+	},
+	"payment for finance": {
+		"tool": "payment.execute",
+		"patch": _finance_patch,
+	},
+}
+
+# One failing fact, one reason: each case asserts the exact set of codes. A case
+# names its tool when it is not quote.prepare_send.
+test_deny_reason_matrix if {
+	got := {note: fixtures_test.codes(reasons) |
+		some note, case in _deny_cases
+		tool := object.get(case, "tool", "quote.prepare_send")
+		facts := object.union(fixtures_test.compose_input, case.patch)
+		reasons := visibility.reasons(tool) with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	}
+	wrong := {note | some note, case in _deny_cases; got[note] != case.codes}
+	wrong == set()
+	visible := {note |
+		some note, case in _deny_cases
+		tool := object.get(case, "tool", "quote.prepare_send")
+		facts := object.union(fixtures_test.compose_input, case.patch)
+		visibility.is_visible(tool) with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	}
+	visible == set()
+}
+
+_deny_cases := {
+	"role without the grant": {
+		"patch": {"principal": {"role": "support"}},
+		"codes": {"role_not_granted"},
+	},
+	"role the catalogue does not declare": {
+		"patch": {"principal": {"role": "admin"}},
+		"codes": {"role_not_granted"},
+	},
+	"role not a string": {
+		"patch": {"principal": {"role": ["sales"]}},
+		"codes": {"role_not_granted"},
+	},
+	"task type without the tool": {
+		"patch": {"task": {"type": "invoice_payment"}},
+		"codes": {"not_needed_by_task"},
+	},
+	"unknown task type": {
+		"patch": {"task": {"type": "other"}},
+		"codes": {"not_needed_by_task"},
+	},
+	"needs without the tool": {
+		"patch": {"task": {"needs": ["contact.read"]}},
+		"codes": {"not_needed_by_task"},
+	},
+	"needs empty": {
+		"tool": "oracle.price",
+		"patch": {"task": {"needs": []}},
+		"codes": {"not_needed_by_task"},
+	},
+	"needs not a list": {
+		"patch": {"task": {"needs": "quote.prepare_send"}},
+		"codes": {"not_needed_by_task"},
+	},
+	"needs cannot widen the task type": {
+		"tool": "payment.execute",
+		"patch": object.union(_finance_patch, {"task": {"type": "customer_quote", "needs": ["payment.execute"]}}),
+		"codes": {"not_needed_by_task"},
+	},
+	"connection status null": {
+		"patch": {"connections": {"sales_mailbox": null}},
+		"codes": {"connection_revoked"},
+	},
+	"connection disabled": {
+		"patch": {"connections": {"sales_mailbox": "disabled"}},
+		"codes": {"tool_not_enabled_for_tenant"},
+	},
+	"connection revoked": {
+		"patch": {"connections": {"sales_mailbox": "revoked"}},
+		"codes": {"connection_revoked"},
+	},
+	"connection in an unknown state": {
+		"patch": {"connections": {"sales_mailbox": "pending"}},
+		"codes": {"connection_revoked"},
+	},
+	"connection status false": {
+		"patch": {"connections": {"sales_mailbox": false}},
+		"codes": {"connection_revoked"},
+	},
+	"connections not an object": {
+		"tool": "contact.read",
+		"patch": {"connections": ["crm"]},
+		"codes": {"connection_missing"},
+	},
+	"environment not allowed": {
+		"tool": "payment.execute",
+		"patch": object.union(_finance_patch, {"environment": "staging"}),
+		"codes": {"environment_restricted"},
+	},
+	"unknown environment": {
+		"patch": {"environment": "dev"},
+		"codes": {"environment_restricted"},
+	},
+	"budget below the cost class": {
+		"patch": {"budget_class": "frugal"},
+		"codes": {"budget_class_exceeded"},
+	},
+	"unknown budget class": {
+		"tool": "oracle.price",
+		"patch": {"budget_class": "gold"},
+		"codes": {"budget_class_exceeded"},
+	},
+	"everything wrong at once": {
+		"tool": "payment.execute",
+		"patch": {"environment": "staging"},
+		"codes": {
+			"role_not_granted",
+			"not_needed_by_task",
+			"connection_missing",
+			"environment_restricted",
+			"budget_class_exceeded",
+		},
+	},
+}
+
+# Facts under which payment.execute is visible.
+_finance_patch := {
+	"principal": {"role": "finance"},
+	"task": {"type": "invoice_payment"},
+	"connections": {"bank": "active"},
+	"budget_class": "unlimited",
+}
+
+test_deny_connection_missing_when_alias_absent if {
+	facts := json.remove(fixtures_test.compose_input, ["connections/sales_mailbox"])
+	reasons := visibility.reasons("quote.prepare_send") with input as facts
+		with data.capgate.catalogue as fixtures_test.catalogue
+	fixtures_test.codes(reasons) == {"connection_missing"}
+}
+
+test_deny_every_fact_missing if {
+	reasons := visibility.reasons("quote.prepare_send") with input as {}
+		with data.capgate.catalogue as fixtures_test.catalogue
+	fixtures_test.codes(reasons) == {
+		"role_not_granted", "not_needed_by_task", "connection_missing",
+		"environment_restricted", "budget_class_exceeded",
+	}
+}
+
+test_deny_input_not_an_object if {
+	reasons := visibility.reasons("contact.read") with input as "sales"
+		with data.capgate.catalogue as fixtures_test.catalogue
+	fixtures_test.codes(reasons) == {
+		"role_not_granted", "not_needed_by_task", "connection_missing",
+		"environment_restricted", "budget_class_exceeded",
+	}
+}
+
+# A tool the catalogue does not have, or has in a malformed shape, fails every check
+# that needs its contract.
+test_deny_tool_absent_or_malformed if {
+	tools := object.union(fixtures_test.catalogue.tools, {"broken": "not a contract"})
+	task_types := {"customer_quote": {"tools": {"broken": true, "ghost": true}}}
+	catalogue := object.union(fixtures_test.catalogue, {"tools": tools, "task_types": task_types})
+	every name in ["broken", "ghost"] {
+		reasons := visibility.reasons(name) with input as fixtures_test.compose_input
+			with data.capgate.catalogue as catalogue
+		fixtures_test.codes(reasons) == _contract_codes
+		not visibility.is_visible(name) with input as fixtures_test.compose_input
+			with data.capgate.catalogue as catalogue
+	}
+}
+
+# The checks that read a tool's contract, as opposed to the task type's list.
+_contract_codes := {"role_not_granted", "connection_missing", "environment_restricted", "budget_class_exceeded"}
+
+# A contract with a field missing fails the check that reads the field.
+test_deny_contract_field_missing if {
+	cases := {
+		"roles": {"role_not_granted"},
+		"connection_alias": {"connection_missing"},
+		"environments": {"environment_restricted"},
+		"cost_class": {"budget_class_exceeded"},
+	}
+	every field, codes in cases {
+		catalogue := json.remove(fixtures_test.catalogue, [sprintf("tools/quote.prepare_send/%s", [field])])
+		reasons := visibility.reasons("quote.prepare_send") with input as fixtures_test.compose_input
+			with data.capgate.catalogue as catalogue
+		fixtures_test.codes(reasons) == codes
+	}
+}
+
+# A catalogue section missing fails every check that looks into it.
+test_deny_catalogue_section_missing if {
+	cases := {
+		"roles": {"role_not_granted"},
+		"task_types": {"not_needed_by_task"},
+		"budget_classes": {"budget_class_exceeded"},
+		"tools": _contract_codes,
+	}
+	every section, codes in cases {
+		catalogue := json.remove(fixtures_test.catalogue, [section])
+		reasons := visibility.reasons("quote.prepare_send") with input as fixtures_test.compose_input
+			with data.capgate.catalogue as catalogue
+		fixtures_test.codes(reasons) == codes
+	}
+}
+
+# A grant must be exactly true.
+test_deny_grant_not_true if {
+	tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {
+		"roles": {"sales": "yes"},
+		"environments": {"production": 1},
+	})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+	reasons := visibility.reasons("quote.prepare_send") with input as fixtures_test.compose_input
+		with data.capgate.catalogue as catalogue
+	fixtures_test.codes(reasons) == {"role_not_granted", "environment_restricted"}
+}
+
+test_deny_messages_name_the_facts if {
+	facts := object.union(fixtures_test.compose_input, {
+		"principal": {"role": "support"},
+		"connections": {"sales_mailbox": "disabled"},
+		"budget_class": "frugal",
+	})
+	reasons := visibility.reasons("quote.prepare_send") with input as facts
+		with data.capgate.catalogue as fixtures_test.catalogue
+	messages := {reason.code: reason.message | some reason in reasons}
+	messages.role_not_granted == `role "support" is not granted tool "quote.prepare_send"`
+	messages.tool_not_enabled_for_tenant == concat("", [
+		`the tenant has disabled connection "sales_mailbox", `,
+		`which tool "quote.prepare_send" needs`,
+	])
+	messages.budget_class_exceeded == `budget class "frugal" does not admit cost class "low" of tool "quote.prepare_send"`
+}
+
+test_deny_message_tells_needs_from_task_type if {
+	narrowed := object.union(fixtures_test.compose_input, {"task": {"needs": ["contact.read"]}})
+	reasons := visibility.reasons("quote.prepare_send") with input as narrowed
+		with data.capgate.catalogue as fixtures_test.catalogue
+	reasons == {{"code": "not_needed_by_task", "message": `task.needs does not name tool "quote.prepare_send"`}}
+}
+
+# is_visible and an empty reasons set always agree, whatever the facts.
+test_allow_visibility_agrees_with_reasons if {
+	inputs := [
+		fixtures_test.compose_input,
+		{},
+		object.union(fixtures_test.compose_input, {"principal": {"role": "finance"}, "budget_class": "unlimited"}),
+		object.union(fixtures_test.compose_input, {"connections": {"crm": "revoked"}, "environment": "staging"}),
+	]
+	every facts in inputs {
+		visible := {name | some name in fixtures_test.tool_names; visibility.is_visible(name)} with input as facts
+			with data.capgate.catalogue as fixtures_test.catalogue
+		hidden := {name | some name in fixtures_test.tool_names; count(visibility.reasons(name)) > 0} with input as facts
+			with data.capgate.catalogue as fixtures_test.catalogue
+		visible == fixtures_test.tool_names - hidden
+	}
+}
