@@ -1,0 +1,72 @@
+"""capgate: policy-engine-backed authorisation for AI-agent tools.
+
+An agent never holds a tool. It asks a :class:`Dispatcher`, which asks OPA two
+questions (compose: which tools may this agent see; execute: may this exact call
+run now), runs the tool only on an allow, and fails closed on every error.
+"""
+
+from gateway.agent import AgentSession
+from gateway.catalogue import compile_catalogue, load_catalogue
+from gateway.contracts import Catalogue, ToolContract
+from gateway.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.digest import params_digest
+from gateway.dispatcher import DecisionEvent, Dispatcher, PolicyDecider
+from gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    CatalogueError,
+    InvalidInput,
+    ObligationUnsupported,
+    OPAProcessError,
+    PolicyUnavailable,
+    ToolFailed,
+    ToolNotRegistered,
+)
+from gateway.facts import Approval, Call, ComposeInput, ExecuteInput, Principal, ResourceRef, Task
+from gateway.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.policy_client import PolicyClient
+from gateway.registry import ToolRegistry
+from gateway.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.transport import Adapter, CallContext
+
+__all__ = [
+    "OPA_URL_ENV",
+    "Adapter",
+    "AgentSession",
+    "Approval",
+    "Call",
+    "CallContext",
+    "CapabilityViolation",
+    "CapgateError",
+    "Catalogue",
+    "CatalogueError",
+    "ComposeDecision",
+    "ComposeInput",
+    "DecisionEvent",
+    "Dispatcher",
+    "ExecuteDecision",
+    "ExecuteInput",
+    "InvalidInput",
+    "OPAProcessError",
+    "Obligation",
+    "ObligationUnsupported",
+    "Outcome",
+    "OutcomeStatus",
+    "PolicyClient",
+    "PolicyDecider",
+    "PolicySidecar",
+    "PolicyUnavailable",
+    "Principal",
+    "Reason",
+    "ResourceRef",
+    "Task",
+    "ToolContract",
+    "ToolFailed",
+    "ToolNotRegistered",
+    "ToolRefused",
+    "ToolRegistry",
+    "ToolRetryable",
+    "compile_catalogue",
+    "load_catalogue",
+    "params_digest",
+]
