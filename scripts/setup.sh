@@ -22,7 +22,16 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing capgate (editable, with dev and mcp extras) into .venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e ".[dev,mcp]"
+  log="$venv/pip-install.log"
+  # Show a line per package as progress; keep pip's whole output, and its exit
+  # status, in the log so a failure is reported, never swallowed by the filter.
+  { "$venv/bin/python" -m pip install --progress-bar off -e ".[dev,mcp]" 2>&1; echo "pip-exit=$?"; } \
+    | tee "$log" | grep --line-buffered -E "^(Collecting|Successfully installed)" || true
+  if ! grep -qx "pip-exit=0" "$log"; then
+    echo "setup: pip install failed; the end of $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 else
   echo "setup: .venv is up to date"
