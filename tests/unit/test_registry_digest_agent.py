@@ -1,0 +1,136 @@
+"""Registry lookup order, the parameter digest, and the agent-side helper."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gateway.agent import AgentSession
+from gateway.catalogue import load_catalogue
+from gateway.decisions import ComposeDecision, ExecuteDecision
+from gateway.demo import demo_catalogue_dir
+from gateway.digest import canonical_json, params_digest
+from gateway.dispatcher import Dispatcher
+from gateway.errors import InvalidInput, ToolFailed
+from gateway.facts import ComposeInput, ExecuteInput
+from gateway.outcomes import OutcomeStatus, ToolRefused
+from gateway.registry import ToolRegistry
+from gateway.transport import CallContext
+
+
+class Remote:
+    """An out-of-process adapter stand-in that knows one tool."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[str] = []
+
+    def has(self, name: str) -> bool:
+        return name == self.name
+
+    def describe(self, name: str) -> str | None:
+        return "remote description" if name == self.name else None
+
+    def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
+        self.calls.append(name)
+        return {"from": "remote"}
+
+
+def test_in_process_tools_come_before_attached_adapters():
+    remote = Remote("oracle")
+    registry = ToolRegistry(remote)
+    assert registry.describe("oracle") == "remote description"
+    registry.register("oracle", "local description", lambda seed: {"omen": seed})
+    assert registry.describe("oracle") == "local description"
+    assert registry.adapter_for("oracle") is not remote
+
+
+def test_attached_adapter_serves_what_is_not_local():
+    registry = ToolRegistry()
+    assert "x" not in registry
+    registry.attach(Remote("x"))
+    assert "x" in registry
+    assert registry.describe("nope") is None
+    assert registry.adapter_for("nope") is None
+
+
+def test_register_rejects_duplicates_and_non_callables():
+    registry = ToolRegistry()
+    registry.register("a", "d", lambda: {})
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("a", "d", lambda: {})
+    with pytest.raises(TypeError, match="callable"):
+        registry.register("b", "d", "not a function")  # type: ignore[arg-type]
+
+
+def test_digest_ignores_key_order_and_sees_every_value():
+    a = params_digest({"to": "ada@example.test", "body": "hi", "n": 1})
+    b = params_digest({"n": 1, "body": "hi", "to": "ada@example.test"})
+    c = params_digest({"n": 1, "body": "hi", "to": "eve@example.test"})
+    assert a == b
+    assert a != c
+    assert a.startswith("sha256:")
+    assert len(a) == len("sha256:") + 64
+
+
+def test_digest_is_over_utf8_canonical_json():
+    assert canonical_json({"b": "é", "a": [1, 2]}) == '{"a":[1,2],"b":"é"}'.encode()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), object(), b"bytes"])
+def test_digest_rejects_values_that_are_not_plain_json(bad):
+    with pytest.raises(InvalidInput):
+        params_digest({"x": bad})
+
+
+class Decider:
+    def __init__(self, visible: list[str]) -> None:
+        self.visible = visible
+
+    def compose(self, facts: ComposeInput) -> ComposeDecision:
+        return ComposeDecision(visible=self.visible, excluded={}, decision_id="c-1")
+
+    def execute(self, facts: ExecuteInput) -> ExecuteDecision:
+        return ExecuteDecision(allow=True, reasons=[], obligations=[], decision_id="e-1")
+
+
+FACTS = ComposeInput.model_validate(
+    {
+        "principal": {"agent": "a", "role": "sales", "tenant": "t"},
+        "task": {"type": "customer_quote", "linked_resources": [{"type": "contact", "id": "c"}]},
+        "environment": "production",
+        "budget_class": "standard",
+    }
+)
+
+
+def session(visible: list[str], registry: ToolRegistry) -> AgentSession:
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    return AgentSession(Dispatcher(catalogue, Decider(visible), registry), FACTS)
+
+
+def test_prompt_block_with_nothing_visible_says_so():
+    assert session([], ToolRegistry()).available_tools_block() == "AVAILABLE TOOLS: none"
+
+
+def test_prompt_block_uses_the_catalogue_description_not_the_adapter_one():
+    registry = ToolRegistry(Remote("contact.read"))
+    block = session(["contact.read"], registry).available_tools_block()
+    assert block.startswith("AVAILABLE TOOLS:\n- contact.read (v1): ")
+    assert "remote description" not in block
+
+
+def test_call_tool_raises_tool_failed_with_the_outcome():
+    def refuse(contact_id: str) -> dict[str, Any]:
+        raise ToolRefused("contact was deleted")
+
+    registry = ToolRegistry()
+    registry.register("contact.read", "d", refuse)
+    agent = session(["contact.read"], registry)
+    with pytest.raises(ToolFailed) as caught:
+        agent.call_tool("contact.read", contact_id="c")
+    assert caught.value.code == "tool_failed"
+    assert caught.value.outcome.status is OutcomeStatus.REFUSED
+    assert agent.last_outcome is caught.value.outcome
