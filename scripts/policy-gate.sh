@@ -24,13 +24,13 @@ echo "policy-gate: regal lint"
 "$regal" lint --format pretty policies
 
 echo "policy-gate: opa test"
-"$opa" test --fail-on-empty policies
+"$opa" test --fail-on-empty --timeout 60s policies
 
 echo "policy-gate: opa test --coverage (threshold ${threshold}%)"
 report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 status=0
-"$opa" test --fail-on-empty --coverage --threshold "$threshold" policies > "$report" || status=$?
+"$opa" test --fail-on-empty --timeout 60s --coverage --threshold "$threshold" policies > "$report" || status=$?
 python3 - "$report" "$threshold" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -1,0 +1,200 @@
+# METADATA
+# title: The two forms of the visibility checks agree
+# description: |
+#   capgate.visibility writes each compose check twice: per tool (is_visible, reasons;
+#   execute asks these) and over the whole catalogue (visible_tools, excluded_tools;
+#   compose asks these, as the per-tool calls cost too much for a large catalogue).
+#   For every catalogue and facts below, well formed or not, compose's decision must
+#   be exactly what the per-tool functions say of each tool: the same visible names,
+#   and for every other tool the same reasons, codes and messages.
+package capgate.visibility_test
+
+import data.capgate.compose
+import data.capgate.fixtures_test
+import data.capgate.visibility
+
+# One test per catalogue, each comparing the two decisions for every facts in the
+# table; `wrong` names the facts they disagree on.
+
+test_allow_compose_agrees_with_per_tool_checks_on_the_fixture if {
+	compared := {note: [got, want] |
+		some note, facts in _facts
+		got := compose.decision with input as facts
+		want := _per_tool_decision with input as facts
+	} with data.capgate.catalogue as fixtures_test.catalogue
+	count(compared) == count(_facts)
+	wrong := {note | some note, [got, want] in compared; got != want}
+	wrong == set()
+}
+
+test_allow_compose_agrees_with_per_tool_checks_on_malformed_entries if {
+	compared := {note: [got, want] |
+		some note, facts in _facts
+		got := compose.decision with input as facts
+		want := _per_tool_decision with input as facts
+	} with data.capgate.catalogue as _malformed_catalogue
+	count(compared) == count(_facts)
+	wrong := {note | some note, [got, want] in compared; got != want}
+	wrong == set()
+}
+
+test_allow_compose_agrees_with_per_tool_checks_on_missing_sections if {
+	compared := {note: [got, want] |
+		some note, facts in _facts
+		got := compose.decision with input as facts
+		want := _per_tool_decision with input as facts
+	} with data.capgate.catalogue as _sections_missing
+	count(compared) == count(_facts)
+	wrong := {note | some note, [got, want] in compared; got != want}
+	wrong == set()
+}
+
+test_allow_compose_agrees_with_per_tool_checks_without_tools if {
+	every catalogue in [{}, {"tools": ["contact.read"]}, object.union(fixtures_test.catalogue, {"tools": "all"})] {
+		decisions := {[got, want] |
+			some facts in _facts
+			got := compose.decision with input as facts
+			want := _per_tool_decision with input as facts
+		} with data.capgate.catalogue as catalogue
+		decisions == {[{"visible": set(), "excluded": {}}, {"visible": set(), "excluded": {}}]}
+	}
+}
+
+_sections_missing := json.remove(fixtures_test.catalogue, ["roles", "task_types", "budget_classes"])
+
+# The decision compose would give if it asked the per-tool functions for every tool,
+# as it did before the whole-catalogue form existed.
+_per_tool_decision := {"visible": visible, "excluded": excluded} if {
+	names := object.keys(_catalogue_tools)
+	visible := {name | some name in names; visibility.is_visible(name)}
+	excluded := {name: reasons |
+		some name in names
+		reasons := visibility.reasons(name)
+		count(reasons) > 0
+	}
+}
+
+default _catalogue_tools := {}
+
+_catalogue_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
+
+# The fixture with every kind of malformed entry the catalogue compiler would never
+# produce but the policy must still deny.
+_malformed_catalogue := object.union(fixtures_test.catalogue, {
+	"tools": {
+		"broken": "not a contract",
+		"listish": ["roles", "environments"],
+		"bare": {},
+		"grants.not.true": _contract({"roles": {"sales": "yes"}, "environments": {"production": 1}}),
+		"fields.wrong.type": _contract({"roles": ["sales"], "environments": "production"}),
+		"fields.absent": json.remove(_contract({}), ["connection_alias", "cost_class"]),
+		"alias.legacy": _contract({"connection_alias": "legacy", "cost_class": null}),
+		"alias.list": _contract({"connection_alias": ["crm"], "cost_class": ["free"]}),
+		"alias.number": _contract({"connection_alias": 7, "cost_class": "platinum"}),
+		"for.auditor": _contract({"roles": {"auditor": true}}),
+		"for.undeclared": _contract({"roles": {"admin": true}}),
+	},
+	"task_types": {"customer_quote": {"tools": {
+		"ghost": true,
+		"broken": true,
+		"listish": true,
+		"bare": true,
+		"grants.not.true": true,
+		"fields.wrong.type": true,
+		"fields.absent": true,
+		"alias.legacy": true,
+		"alias.list": true,
+		"alias.number": true,
+		"for.auditor": true,
+		"for.undeclared": true,
+		"payment.execute": "yes",
+	}}},
+	"budget_classes": {"broken": {"admits": ["free"]}, "loose": {"admits": {"free": "yes", "low": 1}}},
+	"roles": {"auditor": null},
+})
+
+# A well-formed contract for a sales tool on the crm connection, with a change.
+_contract(patch) := object.union(
+	{
+		"name": "synthetic",
+		"version": 1,
+		"mode": "read",
+		"roles": {"sales": true},
+		"connection_alias": "crm",
+		"subject_type": null,
+		"requires": [],
+		"approval": "none",
+		"execution_action": "synthetic",
+		"recovery": "retry",
+		"idempotency": "idempotent",
+		"cost_class": "free",
+		"environments": {"production": true},
+	},
+	patch,
+)
+
+_base := fixtures_test.compose_input
+
+# Facts: the baseline, every fact changed alone (to another valid value, to one the
+# catalogue does not know, to the wrong type, or removed), and inputs with nothing.
+# object.union merges objects, so a patch can only add to the baseline's objects.
+_facts := {
+	"baseline": _base,
+	"finance paying": object.union(_base, {
+		"principal": {"role": "finance"},
+		"task": {"type": "invoice_payment"},
+		"connections": {"bank": "active"},
+		"budget_class": "unlimited",
+	}),
+	"role support": object.union(_base, {"principal": {"role": "support"}}),
+	"role undeclared": object.union(_base, {"principal": {"role": "admin"}}),
+	"role declared as null": object.union(_base, {"principal": {"role": "auditor"}}),
+	"role a list": object.union(_base, {"principal": {"role": ["sales"]}}),
+	"role null": object.union(_base, {"principal": {"role": null}}),
+	"role missing": json.remove(_base, ["principal/role"]),
+	"principal not an object": object.union(_base, {"principal": "sales"}),
+	"principal missing": json.remove(_base, ["principal"]),
+	"task type other": object.union(_base, {"task": {"type": "invoice_payment"}}),
+	"task type unknown": object.union(_base, {"task": {"type": "other"}}),
+	"task type a list": object.union(_base, {"task": {"type": ["customer_quote"]}}),
+	"task type missing": json.remove(_base, ["task/type"]),
+	"task not an object": object.union(_base, {"task": "customer_quote"}),
+	"task missing": json.remove(_base, ["task"]),
+	"needs some": object.union(_base, {"task": {"needs": ["contact.read", "ghost", "payment.execute", 7]}}),
+	"needs empty": object.union(_base, {"task": {"needs": []}}),
+	"needs a string": object.union(_base, {"task": {"needs": "contact.read"}}),
+	"needs an object": object.union(_base, {"task": {"needs": {"contact.read": true}}}),
+	"needs false": object.union(_base, {"task": {"needs": false}}),
+	"needs missing": json.remove(_base, ["task/needs"]),
+	"connections in every state": object.union(_base, {"connections": {
+		"crm": "disabled",
+		"sales_mailbox": "revoked",
+		"bank": "pending",
+		"legacy": null,
+	}}),
+	"connections null and false": object.union(_base, {"connections": {
+		"crm": null,
+		"sales_mailbox": false,
+		"legacy": "disabled",
+	}}),
+	"connection status not a string": object.union(_base, {"connections": {
+		"crm": {"status": "active"},
+		"legacy": ["disabled"],
+	}}),
+	"connections empty": object.union(json.remove(_base, ["connections"]), {"connections": {}}),
+	"connections a list": object.union(_base, {"connections": ["crm", "sales_mailbox"]}),
+	"connections missing": json.remove(_base, ["connections"]),
+	"environment staging": object.union(_base, {"environment": "staging"}),
+	"environment unknown": object.union(_base, {"environment": "dev"}),
+	"environment a number": object.union(_base, {"environment": 1}),
+	"environment missing": json.remove(_base, ["environment"]),
+	"budget frugal": object.union(_base, {"budget_class": "frugal"}),
+	"budget unknown": object.union(_base, {"budget_class": "gold"}),
+	"budget admits a list": object.union(_base, {"budget_class": "broken"}),
+	"budget admits not true": object.union(_base, {"budget_class": "loose"}),
+	"budget a list": object.union(_base, {"budget_class": ["standard"]}),
+	"budget missing": json.remove(_base, ["budget_class"]),
+	"empty input": {},
+	"input a string": "sales",
+	"input a list": ["sales"],
+}
