@@ -19,7 +19,8 @@ OPA is started with:
   decision logging is on; the id ties an enforcement to OPA's log line;
 - a second, generated bundle holding ``system.log.mask`` that erases ``/input`` from
   those log lines, because the facts (tenants, principals, subjects) do not belong
-  in a log file; the policy bundle must therefore declare its ``roots`` in
+  in a log file, and ``/result/excluded``, which would otherwise write a line the
+  size of the whole catalogue for every compose; the policy bundle must therefore declare its ``roots`` in
   ``.manifest`` (a bundle without roots claims every path and OPA refuses both);
 - ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
 - ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
@@ -60,10 +61,15 @@ _MASK_BUNDLE: Final = "capgate-log-mask"
 _MASK_REGO: Final = """\
 # METADATA
 # title: Keep facts out of OPA's decision log
-# description: Erases the input from every decision log entry; ids and results stay.
+# description: |
+#   Erases the input from every decision log entry, and compose's per-tool
+#   exclusion reasons (one entry per hidden tool: megabytes a query for a large
+#   catalogue). Ids, paths, visible tools and execute results stay.
 package system.log
 
 mask contains "/input"
+
+mask contains "/result/excluded"
 """
 
 

@@ -6,6 +6,7 @@ and every denial is checked to have left the tool body untouched.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -230,3 +231,20 @@ def test_killed_opa_fails_closed_and_tool_is_never_entered(sales_catalogue, desk
         with pytest.raises(PolicyUnavailable):
             dispatcher.call(sales_facts(), "contact.read", {"contact_id": "c-42"})
         assert desk.entered == ["contact.read"]
+
+
+def test_decision_log_keeps_visible_but_not_input_or_exclusions(dispatcher, sales_sidecar):
+    decision = dispatcher.compose(facts())
+    assert decision.excluded  # there is something that must not be logged
+    assert sales_sidecar.process is not None
+    log_path = sales_sidecar.process.log_path
+    deadline = time.monotonic() + 10
+    while decision.decision_id not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    entries = [
+        json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    entry = next(e for e in entries if e.get("decision_id") == decision.decision_id)
+    assert sorted(entry["result"]["visible"]) == sorted(decision.visible)
+    assert "excluded" not in entry["result"]
+    assert "input" not in entry
