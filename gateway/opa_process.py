@@ -20,8 +20,9 @@ OPA is started with:
 - a second, generated bundle holding ``system.log.mask`` that erases ``/input`` from
   those log lines, because the facts (tenants, principals, subjects) do not belong
   in a log file, and ``/result/excluded``, which would otherwise write a line the
-  size of the whole catalogue for every compose; the policy bundle must therefore declare its ``roots`` in
-  ``.manifest`` (a bundle without roots claims every path and OPA refuses both);
+  size of the whole catalogue for every compose; the policy bundle must therefore
+  declare its ``roots`` in ``.manifest`` (a bundle without roots claims every path
+  and OPA refuses both);
 - ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
 - ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
 """
