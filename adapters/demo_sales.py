@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.in_process import current_call
+from gateway.outcomes import ToolRefused
 from gateway.registry import ToolRegistry
 
 __all__ = ["SalesDesk"]
@@ -20,6 +22,9 @@ class SalesDesk:
     """The demo's tool bodies, with a record of every function actually entered."""
 
     entered: list[str] = field(default_factory=list)
+    #: Payments made, by idempotency key: a repeated key returns the first receipt,
+    #: as a real payment provider's idempotency keys do.
+    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def contact_read(self, contact_id: str) -> dict[str, Any]:
         self.entered.append("contact.read")
@@ -41,7 +46,15 @@ class SalesDesk:
         self, invoice_id: str, amount_cents: int, currency: str, beneficiary: str
     ) -> dict[str, Any]:
         self.entered.append("payment.execute")
-        return {"payment_id": f"pay-{invoice_id}", "status": "submitted"}
+        key = current_call().idempotency_key
+        if key is None:  # the contract promises a key; without one, refuse to move money
+            raise ToolRefused("no idempotency key: refusing to pay")
+        if key not in self.payments:
+            self.payments[key] = {
+                "payment_id": f"pay-{len(self.payments) + 1}-{invoice_id}",
+                "status": "submitted",
+            }
+        return dict(self.payments[key])
 
     def register_into(self, registry: ToolRegistry) -> ToolRegistry:
         """Register all four tools in ``registry`` and return it."""

@@ -184,7 +184,7 @@ def call_overhead(rows: list[str], runs: int = 400) -> None:
     registry.register(
         "contact.read",
         "no-op",
-        lambda contact_id: {"contact_id": contact_id, "name": "n", "email": "e"},
+        lambda contact_id: {"contact_id": contact_id, "name": "n", "email": "e@example.test"},
     )
     facts = ComposeInput.model_validate(
         {

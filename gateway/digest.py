@@ -24,9 +24,10 @@ def canonical_json(value: Any) -> bytes:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"parameters are not JSON-serialisable: {exc}") from exc
-    return text.encode("utf-8")
+        return text.encode("utf-8")  # a lone surrogate such as "\ud800" fails here
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        # The kind of problem only: the offending value may be a secret.
+        raise InvalidInput(f"parameters are not plain JSON ({type(exc).__name__})") from None
 
 
 def params_digest(params: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ data, never interpreted.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -131,7 +132,9 @@ class Dispatcher:
         ObligationUnsupported) and ToolNotRegistered, all before the tool is entered.
         Once the tool has been entered the result is always an Outcome.
         """
-        params = dict(params)
+        # One private, plain-JSON copy: what is validated and hashed is exactly what the
+        # tool receives, whatever the caller does to its own objects meanwhile.
+        params = _json_copy(params)
         contract = self.catalogue.tools.get(tool)
         if contract is not None:
             _validate_params(contract, self._schemas_for(contract).input, params)
@@ -142,6 +145,13 @@ class Dispatcher:
         decision = self.policy.execute(request)
         if not decision.allow:
             self._emit_call(request, decision, status=None)
+            log.info(
+                "deny tool=%s operation=%s reasons=%s decision=%s",
+                tool,
+                request.call.operation_id,
+                ",".join(decision.reason_codes),
+                decision.decision_id,
+            )
             raise CapabilityViolation(tool, decision.reasons, decision_id=decision.decision_id)
         if decision.reasons or contract is None:
             # An allow that also gives reasons, or allows a tool we have no contract for,
@@ -187,7 +197,10 @@ class Dispatcher:
             "tool": tool,
             # An unknown tool has no version of ours; OPA denies it as unknown_tool.
             "version": contract.version if contract else 1,
-            "operation_id": operation_id or f"op-{uuid.uuid4()}",
+            # An approval is for one operation: calling under it continues that operation.
+            "operation_id": operation_id
+            or (approval.operation_id if approval else None)
+            or f"op-{uuid.uuid4()}",
             "subject": _subject(contract, params) if contract else None,
             "params_digest": params_digest(params),
         }
@@ -207,9 +220,10 @@ class Dispatcher:
         """Compiled validators, built once per tool rather than on every call."""
         schemas = self._schemas.get(contract.name)
         if schemas is None:
+            checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
             schemas = _Schemas(
-                jsonschema.Draft202012Validator(contract.input_schema),
-                jsonschema.Draft202012Validator(contract.output_schema),
+                jsonschema.Draft202012Validator(contract.input_schema, format_checker=checker),
+                jsonschema.Draft202012Validator(contract.output_schema, format_checker=checker),
             )
             self._schemas[contract.name] = schemas
         return schemas
@@ -245,16 +259,41 @@ class _Schemas:
     output: jsonschema.protocols.Validator
 
 
+def _json_copy(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy through canonical JSON, or InvalidInput for anything that is not JSON."""
+    copied = json.loads(canonical_json(dict(params)))
+    if not isinstance(copied, dict):  # pragma: no cover - a dict always round-trips to one
+        raise InvalidInput("parameters must be a JSON object")
+    return copied
+
+
+def _schema_problem(validator: jsonschema.protocols.Validator, value: Any) -> str | None:
+    """Where ``value`` breaks the schema and which rule it breaks, or None.
+
+    Names the path and the schema keyword only: jsonschema's own messages quote the
+    offending value, and parameters or tool output may hold secrets.
+    """
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    first = errors[0]
+    where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+    rule = first.validator
+    if rule in {"required", "additionalProperties"}:
+        # These name fields of the schema, not values: safe and much more helpful.
+        detail = first.message
+    else:
+        detail = f"fails the schema's {rule!r} rule"
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return f"{where!r}: {detail}{more}"
+
+
 def _validate_params(
     contract: ToolContract, validator: jsonschema.protocols.Validator, params: dict[str, Any]
 ) -> None:
-    canonical_json(params)  # must be plain JSON before anything else looks at it
-    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
-    if errors:
-        first = errors[0]
-        where = "/".join(str(p) for p in first.absolute_path) or "(parameters)"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise InvalidInput(f"tool {contract.name!r}: parameter {where!r}: {first.message}{more}")
+    problem = _schema_problem(validator, params)
+    if problem is not None:
+        raise InvalidInput(f"tool {contract.name!r}: parameter {problem}")
 
 
 def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str] | None:
@@ -324,30 +363,48 @@ def _run(
     try:
         raw = adapter.run(contract.name, params, context)
     except ToolRefused as exc:
-        return outcome(OutcomeStatus.REFUSED, error=str(exc))
+        return outcome(OutcomeStatus.REFUSED, error=_text(exc))
     except ToolRetryable as exc:
-        return outcome(
-            OutcomeStatus.RETRYABLE, error=str(exc), retry_after_seconds=exc.retry_after_seconds
-        )
+        retry_after = exc.retry_after_seconds
+        if not isinstance(retry_after, int | float) or isinstance(retry_after, bool):
+            retry_after = None
+        return outcome(OutcomeStatus.RETRYABLE, error=_text(exc), retry_after_seconds=retry_after)
     except Exception as exc:  # the tool's own failure: contain it, never crash the agent
         status = OutcomeStatus.RETRYABLE if safe_to_repeat else OutcomeStatus.UNKNOWN
-        return outcome(status, error=f"{type(exc).__name__}: {exc}", recovery=contract.recovery)
+        error = f"{type(exc).__name__}: {_text(exc)}"
+        return outcome(status, error=error, recovery=contract.recovery)
 
-    problem = _output_problem(output_validator, raw)
-    if problem is not None:
-        return outcome(OutcomeStatus.UNKNOWN, error=problem, recovery=contract.recovery)
-    return outcome(OutcomeStatus.SUCCESS, result=dict(raw))
-
-
-def _output_problem(validator: jsonschema.protocols.Validator, raw: object) -> str | None:
-    if not isinstance(raw, Mapping):
-        return f"tool returned {type(raw).__name__}, not a JSON object"
+    # The tool has run: from here on, whatever goes wrong must still be an Outcome,
+    # with the recovery procedure, because the external effect may have happened.
     try:
-        canonical_json(raw)
-    except InvalidInput as exc:
-        return f"tool output is not JSON: {exc}"
-    errors = list(validator.iter_errors(raw))
-    if errors:
-        where = "/".join(str(p) for p in errors[0].absolute_path) or "(output)"
-        return f"tool output violates its schema at {where!r}: {errors[0].message}"
-    return None
+        result = _checked_output(output_validator, raw)
+    except _BadOutput as exc:
+        return outcome(OutcomeStatus.UNKNOWN, error=str(exc), recovery=contract.recovery)
+    return outcome(OutcomeStatus.SUCCESS, result=result)
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, even for an exception whose ``__str__`` itself fails."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with an unprintable message>"
+
+
+class _BadOutput(Exception):
+    """Tool output that breaks the contract; the message holds no output values."""
+
+
+def _checked_output(validator: jsonschema.protocols.Validator, raw: object) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise _BadOutput(f"tool returned {type(raw).__name__}, not a JSON object")
+    try:
+        result = _json_copy(raw)
+    except InvalidInput:
+        raise _BadOutput("tool output is not plain JSON") from None
+    if set(result) != set(raw):  # e.g. a non-string key that JSON turned into a string
+        raise _BadOutput("tool output has keys that are not strings")
+    problem = _schema_problem(validator, result)
+    if problem is not None:
+        raise _BadOutput(f"tool output breaks its schema at {problem}")
+    return result

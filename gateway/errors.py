@@ -148,6 +148,9 @@ class ToolFailed(CapgateError):
     def __init__(self, outcome: Outcome) -> None:
         self.outcome = outcome
         hint = f"; recovery: {outcome.recovery}" if outcome.recovery else ""
+        # The tool's own error text stays on .outcome: it is untrusted and may quote
+        # provider responses, and exception messages tend to end up in logs.
         super().__init__(
-            f"tool {outcome.tool!r} ended {outcome.status.value}: {outcome.error}{hint}"
+            f"tool {outcome.tool!r} ended {outcome.status.value} "
+            f"(operation {outcome.operation_id}){hint}"
         )

@@ -91,10 +91,19 @@ class Call(_Facts):
 
 
 class Approval(_Facts):
-    """A human approval of one exact content-and-recipient, identified by its digest."""
+    """A person's approval of one operation: exact content and recipient, one tenant.
+
+    ``digest`` binds it to the parameters (content and recipient alike),
+    ``operation_id`` to one operation, whose id is also the idempotency key the tool
+    receives, and ``tenant`` to the tenant it was given for. So an approval cannot be
+    reused for other content, replayed as a new operation, or borrowed by another
+    tenant.
+    """
 
     kind: Identifier
     tool: Identifier
+    operation_id: Identifier
+    tenant: Identifier
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
     expires_at: AwareDatetime
     approved_by: Identifier

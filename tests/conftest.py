@@ -31,5 +31,6 @@ def oracle_catalogue() -> Catalogue:
 @pytest.fixture(scope="module")
 def sales_sidecar(sales_catalogue: Catalogue) -> Iterator[PolicySidecar]:
     """An embedded OPA serving the real policies and the sales catalogue."""
-    with PolicySidecar(sales_catalogue) as sidecar:
+    # 5 s, not the 0.5 s default: CI machines are small and shared.
+    with PolicySidecar(sales_catalogue, timeout=5.0) as sidecar:
         yield sidecar

@@ -62,7 +62,9 @@ class _Trace:
 def _dispatcher(
     catalogue: Catalogue, registry: ToolRegistry, trace: _Trace
 ) -> Iterator[Dispatcher]:
-    with PolicySidecar(catalogue) as sidecar:
+    # A generous timeout: the demo runs on busy shared machines too, and a flaky demo
+    # teaches nothing. Services keep the short default (docs/architecture.md).
+    with PolicySidecar(catalogue, timeout=5.0) as sidecar:
         where = f"embedded OPA pid {sidecar.process.pid}" if sidecar.process else "external OPA"
         trace.say(f"  ({where}, catalogue {sidecar.expected_digest[:19]}...)")
         yield Dispatcher(catalogue, sidecar.client, registry, observer=trace.observe)
@@ -185,6 +187,8 @@ def _sales(trace: _Trace) -> None:
             return Approval(
                 kind="exact_content_and_recipient",
                 tool="payment.execute",
+                operation_id="pay-inv-9",
+                tenant="acme",
                 digest=params_digest(of),
                 expires_at=expires_at,
                 approved_by="founder",
@@ -212,6 +216,38 @@ def _sales(trace: _Trace) -> None:
         trace.expect(
             receipt.get("status") == "submitted" and "payment.execute" in desk.entered,
             "approved exact content and recipient: the payment runs",
+        )
+
+        trace.say("  -- the same approval, used again")
+        again = pay(finance_facts, approval(payment))
+        trace.expect(
+            again == receipt and len(desk.payments) == 1,
+            "a second call continues the approved operation: same key, paid once",
+        )
+        denial = _denied(
+            lambda: dispatcher.call(
+                finance_facts,
+                "payment.execute",
+                payment,
+                operation_id="pay-inv-9-again",
+                approval=approval(payment),
+                evidence=["invoice_approved"],
+            )
+        )
+        trace.expect(
+            denial is not None and denial.reason_codes == ["approval_mismatch"],
+            "replayed as a new operation: approval_mismatch",
+        )
+        other_tenant = ComposeInput.model_validate(
+            {
+                **finance_facts.model_dump(),
+                "principal": {"agent": "finance-bot", "role": "finance", "tenant": "globex"},
+            }
+        )
+        denial = _denied(lambda: pay(other_tenant, approval(payment)))
+        trace.expect(
+            denial is not None and denial.reason_codes == ["approval_mismatch"],
+            "borrowed by another tenant: approval_mismatch",
         )
 
         trace.say("  -- the bank connection is revoked while a payment is queued")

@@ -6,7 +6,7 @@ and every denial is checked to have left the tool body untouched.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import signal
 import time
@@ -58,6 +58,8 @@ def approval(params: dict[str, Any], *, minutes: float = 10, **changes: Any) -> 
     fields: dict[str, Any] = {
         "kind": "exact_content_and_recipient",
         "tool": "payment.execute",
+        "operation_id": "pay-inv-9",
+        "tenant": "acme",
         "digest": params_digest(params),
         "expires_at": datetime.now(UTC) + timedelta(minutes=minutes),
         "approved_by": "founder",
@@ -76,17 +78,41 @@ def dispatcher(sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, desk: S
     return Dispatcher(sales_catalogue, sales_sidecar.client, desk.register_into(ToolRegistry()))
 
 
-def test_allow_approved_payment_runs_once(dispatcher, desk):
-    outcome = dispatcher.call(
-        facts(),
-        "payment.execute",
-        PAYMENT,
-        approval=approval(PAYMENT),
-        evidence=["invoice_approved"],
-    )
-    assert outcome.status is OutcomeStatus.SUCCESS
-    assert outcome.decision_id
-    assert desk.entered == ["payment.execute"]
+def test_allow_approved_payment_runs_once_however_often_it_is_called(dispatcher, desk):
+    kwargs: dict[str, Any] = {"approval": approval(PAYMENT), "evidence": ["invoice_approved"]}
+    first = dispatcher.call(facts(), "payment.execute", PAYMENT, **kwargs)
+    second = dispatcher.call(facts(), "payment.execute", PAYMENT, **kwargs)
+    assert first.status is OutcomeStatus.SUCCESS
+    assert first.decision_id
+    assert first.operation_id == "pay-inv-9"  # the approval's operation
+    assert second.result == first.result
+    assert desk.entered == ["payment.execute", "payment.execute"]
+    assert list(desk.payments) == ["pay-inv-9"]  # one idempotency key: paid once
+
+
+@pytest.mark.parametrize(
+    ("label", "fact_changes", "operation_id"),
+    [
+        ("new operation id", {}, "pay-inv-9-again"),
+        (
+            "other tenant",
+            {"principal": {"agent": "b", "role": "finance", "tenant": "globex"}},
+            None,
+        ),
+    ],
+)
+def test_deny_approval_replay(dispatcher, desk, label, fact_changes, operation_id):
+    with pytest.raises(CapabilityViolation) as caught:
+        dispatcher.call(
+            facts(**fact_changes),
+            "payment.execute",
+            PAYMENT,
+            operation_id=operation_id,
+            approval=approval(PAYMENT),
+            evidence=["invoice_approved"],
+        )
+    assert caught.value.reason_codes == ["approval_mismatch"]
+    assert desk.entered == []
 
 
 def test_compose_is_the_intersection_for_sales(dispatcher):
@@ -233,18 +259,14 @@ def test_killed_opa_fails_closed_and_tool_is_never_entered(sales_catalogue, desk
         assert desk.entered == ["contact.read"]
 
 
-def test_decision_log_keeps_visible_but_not_input_or_exclusions(dispatcher, sales_sidecar):
-    decision = dispatcher.compose(facts())
-    assert decision.excluded  # there is something that must not be logged
+def test_denials_are_logged_by_python_with_codes_but_no_facts(dispatcher, sales_sidecar, caplog):
+    caplog.set_level(logging.INFO, logger="capgate.dispatcher")
+    secret_subject = "inv-SECRET-77"
+    with pytest.raises(CapabilityViolation) as caught:
+        dispatcher.call(facts(), "payment.execute", {**PAYMENT, "invoice_id": secret_subject})
+    line = next(r.getMessage() for r in caplog.records if "deny" in r.getMessage())
+    assert caught.value.decision_id in line
+    assert "subject_out_of_scope" in line
+    assert secret_subject not in caplog.text
     assert sales_sidecar.process is not None
-    log_path = sales_sidecar.process.log_path
-    deadline = time.monotonic() + 10
-    while decision.decision_id not in log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    entries = [
-        json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")
-    ]
-    entry = next(e for e in entries if e.get("decision_id") == decision.decision_id)
-    assert sorted(entry["result"]["visible"]) == sorted(decision.visible)
-    assert "excluded" not in entry["result"]
-    assert "input" not in entry
+    assert secret_subject not in sales_sidecar.process.log_path.read_text()

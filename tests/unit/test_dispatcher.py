@@ -311,3 +311,121 @@ def test_bad_facts_name_the_field(catalogue, desk, facts):
         make(catalogue, desk, ScriptedDecider()).call(
             facts, "contact.read", {"contact_id": "c"}, operation_id="has space"
         )
+
+
+# -- what the tool receives is what was authorised -----------------------------------
+
+
+def test_tool_runs_on_the_authorised_copy_not_the_callers_object(catalogue, facts):
+    params = {"opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}
+    seen: list[dict[str, Any]] = []
+
+    class Meddler(ScriptedDecider):
+        def execute(self, facts: ExecuteInput) -> ExecuteDecision:
+            params["amount_cents"] = 999_999  # the caller changes its dict mid-decision
+            return super().execute(facts)
+
+    registry = ToolRegistry()
+    registry.register(
+        "quote.propose",
+        "d",
+        lambda **p: seen.append(p) or {"proposal_id": "p", "status": "proposed"},
+    )
+    decider = Meddler()
+    Dispatcher(catalogue, decider, registry).call(facts, "quote.propose", params)
+    assert seen == [{"opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}]
+    assert decider.asked[0].call.params_digest == params_digest(seen[0])
+
+
+def test_lone_surrogate_in_params_is_invalid_input_before_opa(catalogue, desk, facts):
+    decider = ScriptedDecider()
+    with pytest.raises(InvalidInput, match="plain JSON"):
+        make(catalogue, desk, decider).call(facts, "contact.read", {"contact_id": "\ud800"})
+    assert decider.asked == []
+
+
+def test_invalid_params_message_names_the_field_but_not_the_value(catalogue, desk, facts):
+    payment = {
+        "invoice_id": "inv-1",
+        "amount_cents": 5,
+        "currency": "EUR",
+        "beneficiary": "SECRET-IBAN-0001",
+    }
+    with pytest.raises(InvalidInput) as caught:
+        make(catalogue, desk, ScriptedDecider()).call(facts, "payment.execute", payment)
+    assert "beneficiary" in str(caught.value)
+    assert "pattern" in str(caught.value)
+    assert "SECRET" not in str(caught.value)
+
+
+def test_email_format_is_enforced(catalogue, desk, facts):
+    send = {
+        "opportunity_id": "opp-1",
+        "recipient": "not-an-email-address",
+        "subject": "s",
+        "body": "b",
+    }
+    with pytest.raises(InvalidInput, match="recipient"):
+        make(catalogue, desk, ScriptedDecider()).call(facts, "quote.prepare_send", send)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status"),
+    [
+        ("int key", OutcomeStatus.UNKNOWN),
+        ("lone surrogate", OutcomeStatus.UNKNOWN),
+        ("retry after not a number", OutcomeStatus.RETRYABLE),
+        ("unprintable exception", OutcomeStatus.RETRYABLE),
+    ],
+)
+def test_anything_after_the_tool_ran_is_still_an_outcome(catalogue, facts, behaviour, status):
+    def fn(contact_id: str) -> Any:
+        if behaviour == "int key":
+            return {1: "x", "contact_id": contact_id, "name": "n", "email": "e@example.test"}
+        if behaviour == "lone surrogate":
+            return {"contact_id": contact_id, "name": "\ud800", "email": "e@example.test"}
+        if behaviour == "retry after not a number":
+            raise ToolRetryable("busy", retry_after_seconds="soon")  # type: ignore[arg-type]
+        raise _Unprintable()
+
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), _registry_with(fn))
+    outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
+    assert outcome.status is status
+    assert outcome.result is None
+    assert outcome.retry_after_seconds is None
+
+
+def test_bad_output_message_does_not_quote_the_output(catalogue, facts):
+    leaky = {"contact_id": "c", "name": "n", "email": "SECRET-TOKEN-not-an-email"}
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), _registry_with(lambda **_: leaky))
+    outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
+    assert outcome.status is OutcomeStatus.UNKNOWN
+    assert "email" in (outcome.error or "")
+    assert "SECRET" not in (outcome.error or "")
+
+
+def test_approval_supplies_the_operation_id(catalogue, desk, facts):
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.facts import Approval
+
+    decider = ScriptedDecider()
+    approval = Approval(
+        kind="exact_content_and_recipient",
+        tool="contact.read",
+        operation_id="op-approved",
+        tenant="t",
+        digest=params_digest({"contact_id": "c"}),
+        expires_at=datetime.now(UTC) + timedelta(minutes=1),
+        approved_by="p",
+    )
+    outcome = make(catalogue, desk, decider).call(
+        facts, "contact.read", {"contact_id": "c"}, approval=approval
+    )
+    assert decider.asked[0].call.operation_id == "op-approved"
+    assert outcome.operation_id == "op-approved"

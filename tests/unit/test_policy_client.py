@@ -53,6 +53,8 @@ EXECUTE_FACTS: dict[str, Any] = {
     "approval": {
         "kind": "exact_content_and_recipient",
         "tool": "quote.prepare_send",
+        "operation_id": "send-017",
+        "tenant": "acme",
         "digest": DIGEST,
         "expires_at": "2026-11-30T12:00:00Z",
         "approved_by": "founder",

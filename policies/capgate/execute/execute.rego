@@ -209,12 +209,29 @@ _approval_mismatches contains "tool" if not _approval_tool_matches
 
 _approval_mismatches contains "digest" if not _approval_digest_matches
 
+_approval_mismatches contains "operation_id" if not _approval_operation_matches
+
+_approval_mismatches contains "tenant" if not _approval_tenant_matches
+
 _approval_kind_matches if {
 	is_string(input.approval.kind)
 	input.approval.kind == _contract.approval
 }
 
 _approval_tool_matches if input.approval.tool == _name
+
+# An approval is for one operation of one tenant: the operation id is the idempotency
+# key the tool receives, so an approved write happens at most once, and an approval
+# cannot be replayed under a new operation id or by another tenant.
+_approval_operation_matches if {
+	is_string(input.approval.operation_id)
+	input.approval.operation_id == _call.operation_id
+}
+
+_approval_tenant_matches if {
+	is_string(input.approval.tenant)
+	input.approval.tenant == input.principal.tenant
+}
 
 _approval_digest_matches if {
 	regex.match(`^sha256:[0-9a-f]{64}$`, input.approval.digest)

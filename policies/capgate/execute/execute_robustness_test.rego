@@ -40,8 +40,15 @@ _malformed_cases := {
 	"empty input": {"input": {}, "codes": {"unknown_tool"}},
 	"input not an object": {"input": "send the quote", "codes": {"unknown_tool"}},
 	"call not an object": {"input": object.union(_base, {"call": "quote.prepare_send"}), "codes": {"unknown_tool"}},
-	"principal missing": {"input": json.remove(_base, ["principal"]), "codes": {"role_not_granted"}},
-	"principal not an object": {"input": object.union(_base, {"principal": "sales"}), "codes": {"role_not_granted"}},
+	# The approval is bound to the principal's tenant, so it cannot match either.
+	"principal missing": {
+		"input": json.remove(_base, ["principal"]),
+		"codes": {"role_not_granted", "approval_mismatch"},
+	},
+	"principal not an object": {
+		"input": object.union(_base, {"principal": "sales"}),
+		"codes": {"role_not_granted", "approval_mismatch"},
+	},
 	"task not an object": {
 		"input": object.union(_base, {"task": "customer_quote"}),
 		"codes": {"not_needed_by_task", "subject_out_of_scope"},

@@ -179,6 +179,26 @@ _deny_cases := {
 		"patch": {"approval": {"tool": "contact.read"}},
 		"codes": {"approval_mismatch"},
 	},
+	"approval for another operation": {
+		"patch": {"approval": {"operation_id": "send-018"}},
+		"codes": {"approval_mismatch"},
+	},
+	"same approval replayed under a new operation id": {
+		"patch": {"call": {"operation_id": "send-099"}},
+		"codes": {"approval_mismatch"},
+	},
+	"approval without an operation id": {
+		"remove": ["approval/operation_id"],
+		"codes": {"approval_mismatch"},
+	},
+	"approval given to another tenant": {
+		"patch": {"approval": {"tenant": "globex"}},
+		"codes": {"approval_mismatch"},
+	},
+	"approval used by another tenant": {
+		"patch": {"principal": {"tenant": "globex"}},
+		"codes": {"approval_mismatch"},
+	},
 	"approval and call digests both malformed": {
 		"patch": {"approval": {"digest": "sha256:x"}, "call": {"params_digest": "sha256:x"}},
 		"codes": {"approval_mismatch"},
@@ -231,7 +251,7 @@ _deny_cases := {
 		"codes": {"operation_id_missing"},
 	},
 	"operation id empty": {
-		"patch": {"call": {"operation_id": ""}},
+		"patch": {"call": {"operation_id": ""}, "approval": {"operation_id": ""}},
 		"codes": {"operation_id_missing"},
 	},
 	"a payment by a sales agent": {
