@@ -12,23 +12,23 @@ setup:
 demo: setup
 	$(VENV)/capgate demo
 
-test: setup policy-test lint typecheck unit integration
+test: policy-test lint typecheck unit integration
 	@echo "make test: every gate passed"
 
-policy-test:
+policy-test: setup
 	@bash scripts/policy-gate.sh
 
-lint:
+lint: setup
 	$(VENV)/ruff check gateway adapters tests benchmarks
 	$(VENV)/ruff format --check gateway adapters tests benchmarks
 
-typecheck:
+typecheck: setup
 	$(VENV)/mypy
 
-unit:
+unit: setup
 	$(VENV)/python -m pytest -m "not integration" tests
 
-integration:
+integration: setup
 	$(VENV)/python -m pytest -m integration tests
 
 bench: setup

@@ -1,9 +1,10 @@
 """Write an OPA bundle: the capgate policies plus the compiled catalogue.
 
 Policies and data travel together in one bundle, so OPA can never serve the rules
-of one release with the catalogue of another. The manifest's ``revision`` is the
-catalogue digest, which lets the dispatcher check that the OPA it talks to holds
-the catalogue it loaded itself.
+of one release with the catalogue of another. The compiled data carries the
+catalogue digest (``data.capgate.catalogue.meta.digest``, also the manifest's
+``revision``), which the sidecar reads back to check that the OPA it talks to
+holds the catalogue this process loaded.
 
 The bundle is built in a temporary sibling directory and renamed into place, so a
 failure part-way leaves either the previous bundle or nothing, never half of one.

@@ -149,6 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CapgateError as exc:
         print(f"capgate: error [{exc.code}]: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except (ValueError, OSError) as exc:
+        # A bad --opa address, an output folder that is not ours to replace, an
+        # unreadable file: the user's to fix, so a message, not a traceback.
+        print(f"capgate: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("capgate: interrupted", file=sys.stderr)
         return 130

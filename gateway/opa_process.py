@@ -16,13 +16,15 @@ and holds the bundle open. The child therefore dies with us however we end:
 OPA is started with:
 
 - ``--set decision_logs.console=true``: OPA returns a ``decision_id`` only when
-  decision logging is on; the id ties an enforcement to OPA's log line;
-- a second, generated bundle holding ``system.log.mask`` that erases ``/input`` from
-  those log lines, because the facts (tenants, principals, subjects) do not belong
-  in a log file, and ``/result/excluded``, which would otherwise write a line the
-  size of the whole catalogue for every compose; the policy bundle must therefore
-  declare its ``roots`` in ``.manifest`` (a bundle without roots claims every path
-  and OPA refuses both);
+  decision logging is on, and the id ties a trace line to its decision;
+- a second, generated bundle whose ``system.log.drop`` drops every decision log
+  event, so the ids still come back but nothing is written: a log file in a temp
+  folder would grow by a line per decision with no rotation, and the facts and
+  reason messages (tenants, principals, subjects) do not belong in it. The
+  dispatcher logs each decision (id, tool, reason codes) through Python's
+  ``logging`` instead, where the host application controls retention. The policy
+  bundle must therefore declare its ``roots`` in ``.manifest`` (a bundle without
+  roots claims every path and OPA refuses both);
 - ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
 - ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
 """
@@ -58,19 +60,16 @@ _LOG_TAIL_CHARS: Final = 4000
 # sun_path holds 108 bytes on Linux and 104 on macOS, terminating NUL included.
 _MAX_SOCKET_PATH: Final = 100
 _PR_SET_PDEATHSIG: Final = 1
-_MASK_BUNDLE: Final = "capgate-log-mask"
-_MASK_REGO: Final = """\
+_LOG_BUNDLE: Final = "capgate-no-decision-log"
+_LOG_REGO: Final = """\
 # METADATA
-# title: Keep facts out of OPA's decision log
+# title: Keep decisions out of the embedded OPA's log
 # description: |
-#   Erases the input from every decision log entry, and compose's per-tool
-#   exclusion reasons (one entry per hidden tool: megabytes a query for a large
-#   catalogue). Ids, paths, visible tools and execute results stay.
+#   Drops every decision log event. OPA still assigns and returns decision ids;
+#   capgate logs its decisions through Python logging instead.
 package system.log
 
-mask contains "/input"
-
-mask contains "/result/excluded"
+drop := true
 """
 
 
@@ -202,10 +201,10 @@ class EmbeddedOPA:
         if not self.bundle_dir.exists():
             raise OPAProcessError(f"bundle {self.bundle_dir} does not exist")
         self._dir = _private_dir()
-        mask_bundle = self._dir / _MASK_BUNDLE
-        (mask_bundle / "system" / "log").mkdir(parents=True)
-        (mask_bundle / ".manifest").write_text('{"roots": ["system/log"]}\n')
-        (mask_bundle / "system" / "log" / "mask.rego").write_text(_MASK_REGO)
+        log_bundle = self._dir / _LOG_BUNDLE
+        (log_bundle / "system" / "log").mkdir(parents=True)
+        (log_bundle / ".manifest").write_text('{"roots": ["system/log"]}\n')
+        (log_bundle / "system" / "log" / "drop.rego").write_text(_LOG_REGO)
         args = [
             str(binary),
             "run",
@@ -216,7 +215,7 @@ class EmbeddedOPA:
             "600",
             "--bundle",
             str(self.bundle_dir.resolve()),
-            str(mask_bundle),
+            str(log_bundle),
             "--set",
             "decision_logs.console=true",
             "--log-format",
@@ -319,7 +318,7 @@ def _hint(log_tail: str) -> str:
         return (
             f"\nhint: the policy bundle must list its roots in .manifest (e.g. "
             f'{{"roots": ["capgate"]}}), so that it does not overlap the generated '
-            f"{_MASK_BUNDLE} bundle (root system/log) that keeps input out of OPA's log"
+            f"{_LOG_BUNDLE} bundle (root system/log) that keeps decisions out of OPA's log"
         )
     return ""
 

@@ -256,6 +256,23 @@ def _validate(path: str, model: type[_D], result: dict[str, Any], decision_id: s
         ) from None
 
 
+#: The largest answer read: a compose decision for 10,000 tools is about 2.5 MB.
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
+
+
+def _read_bounded(response: httpx.Response, path: str, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise PolicyUnavailable(f"OPA's answer to {path} is over {MAX_ANSWER_BYTES} bytes")
+        if time.perf_counter() > deadline:
+            raise PolicyUnavailable(f"OPA did not finish answering {path} in time")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class PolicyClient:
     """A keep-alive HTTP client for one OPA, answering with typed decisions.
 
@@ -390,8 +407,14 @@ class PolicyClient:
         if self._closed:
             raise PolicyUnavailable(f"policy client is closed; {path} not asked")
         started = time.perf_counter()
+        # httpx times each read, not the whole answer: an OPA (or impostor) trickling
+        # bytes could hold a call for ever. Reading the body in chunks against one
+        # deadline, and a size cap, bounds the whole exchange.
+        deadline = started + self.connect_timeout + 2 * self.timeout
         try:
-            response = self._http.request(method, url, **kwargs)
+            with self._http.stream(method, url, **kwargs) as response:
+                status = response.status_code
+                content = _read_bounded(response, path, deadline)
         except httpx.TimeoutException as exc:
             self._log(path, started, None, type(exc).__name__)
             raise PolicyUnavailable(
@@ -408,10 +431,13 @@ class PolicyClient:
             raise PolicyUnavailable(
                 f"transport error asking OPA for {path}: {type(exc).__name__}: {exc}"
             ) from exc
+        except PolicyUnavailable as exc:
+            self._log(path, started, None, str(exc))
+            raise
         try:
-            result, decision_id = _parse_answer(path, response.status_code, response.content)
+            result, decision_id = _parse_answer(path, status, content)
         except PolicyUnavailable:
-            self._log(path, started, None, f"bad answer (HTTP {response.status_code})")
+            self._log(path, started, None, f"bad answer (HTTP {status})")
             raise
         self._log(path, started, decision_id, None)
         return result, decision_id

@@ -43,30 +43,36 @@ class PolicySidecar:
         self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
         url = opa_url or os.environ.get(OPA_URL_ENV) or None
         self.process: EmbeddedOPA | None = None
+        self._client: PolicyClient | None = None
         self._bundle_root: Path | None = None
-        if url is None:
-            self._bundle_root = Path(tempfile.mkdtemp(prefix="capgate-bundle-"))
-            try:
+        try:
+            if url is None:
+                self._bundle_root = Path(tempfile.mkdtemp(prefix="capgate-bundle-"))
                 bundle = write_bundle(catalogue, self._bundle_root / "bundle", policies_dir)
                 self.process = EmbeddedOPA(bundle)
                 self.process.start()
                 url = self.process.address
-            except BaseException:
-                self.close()
-                raise
-        self.client = PolicyClient(url, timeout=timeout or DEFAULT_TIMEOUT)
-        try:
-            self._check_catalogue()
+            self._client = PolicyClient(url, timeout=timeout or DEFAULT_TIMEOUT)
+            self._check_catalogue(self._client)
         except BaseException:
+            # Whatever failed (a bad address, OPA not starting, the wrong catalogue,
+            # Ctrl-C), nothing we started may outlive this constructor.
             self.close()
             raise
+
+    @property
+    def client(self) -> PolicyClient:
+        """The client for this OPA (set once the constructor has returned)."""
+        if self._client is None:  # pragma: no cover - only reachable mid-construction
+            raise PolicyUnavailable("the policy sidecar has no client")
+        return self._client
 
     @property
     def embedded(self) -> bool:
         return self.process is not None
 
-    def _check_catalogue(self) -> None:
-        served = self.client.catalogue_digest()
+    def _check_catalogue(self, client: PolicyClient) -> None:
+        served = client.catalogue_digest()
         if served != self.expected_digest:
             raise PolicyUnavailable(
                 f"OPA serves catalogue {served}, but this dispatcher loaded "
@@ -76,9 +82,8 @@ class PolicySidecar:
 
     def close(self) -> None:
         """Close the client, stop an owned OPA, remove its bundle. Safe to call twice."""
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
+        if self._client is not None:
+            self._client.close()
         if self.process is not None:
             self.process.stop()
         if self._bundle_root is not None:

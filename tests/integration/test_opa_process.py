@@ -145,16 +145,20 @@ def test_opa_listens_on_no_tcp_port(opa: EmbeddedOPA) -> None:
     assert listening_tcp == []
 
 
-def test_decision_log_keeps_the_id_but_not_the_input(opa: EmbeddedOPA) -> None:
+def test_decisions_get_ids_but_leave_nothing_in_opas_log(opa: EmbeddedOPA) -> None:
     with PolicyClient(opa.address) as client:
-        _, decision_id = client.query("capgate/compose/decision", {"tenant": SECRET})
-    assert decision_id
-    deadline = time.monotonic() + 10
-    while decision_id not in opa.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    log = opa.log_path.read_text()
-    assert decision_id in log
-    assert SECRET not in log
+        ids = [client.query("capgate/compose/decision", {"tenant": SECRET})[1] for _ in range(3)]
+        assert client.health()
+    assert all(ids)
+    assert len(set(ids)) == 3
+    # Console decision logs are written as the decision is made; give a slow machine
+    # a moment, then check that neither the ids nor the facts reached the file.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        log = opa.log_path.read_text()
+        assert SECRET not in log
+        assert not any(i in log for i in ids)
+        time.sleep(0.1)
 
 
 def test_stop_ends_opa_removes_the_directory_and_is_idempotent(bundle: Path) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,8 @@ EXECUTE_FACTS = {
     "approval": {
         "kind": "exact_content_and_recipient",
         "tool": "quote.prepare_send",
+        "operation_id": "send-1",
+        "tenant": "acme",
         "digest": PARAMS_DIGEST,
         "expires_at": "2030-01-01T00:00:00Z",
         "approved_by": "founder",
@@ -236,3 +239,41 @@ def test_missing_socket_is_unreachable(tmp_path: Path) -> None:
         pytest.raises(PolicyUnavailable, match="unreachable"),
     ):
         nowhere.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+
+
+def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
+    # Each byte arrives well within the read timeout, so only a deadline on the whole
+    # answer stops this; without one the call would take 60 s.
+    body = b'{"result": {"visible": [], "excluded": {}}}' + b" " * 600
+    stop = threading.Event()
+
+    def trickle(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+            )
+            for byte in body:
+                if stop.is_set():
+                    return
+                conn.sendall(bytes([byte]))
+                time.sleep(0.1)
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        worker = threading.Thread(target=trickle, args=(listener,), daemon=True)
+        worker.start()
+        try:
+            with PolicyClient(f"http://127.0.0.1:{port}", timeout=0.5) as client:
+                started = time.monotonic()
+                with pytest.raises(PolicyUnavailable, match="in time"):
+                    client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+                elapsed = time.monotonic() - started
+        finally:
+            stop.set()
+            worker.join(timeout=5)
+    assert elapsed < 5.0
