@@ -14,7 +14,7 @@ from gateway.demo import demo_catalogue_dir
 from gateway.demo.scenes import run_demo
 from gateway.errors import PolicyUnavailable
 from gateway.sidecar import OPA_URL_ENV, PolicySidecar
-from tests.integration.opa_servers import external_opa
+from tests.integration.opa_servers import external_opa, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -93,4 +93,20 @@ def test_external_opa_with_another_catalogue_is_refused(tmp_path, oracle_catalog
 
 def test_unreachable_external_opa_fails_closed(sales_catalogue: Catalogue):
     with pytest.raises(PolicyUnavailable):
-        PolicySidecar(sales_catalogue, opa_url="http://127.0.0.1:9")
+        PolicySidecar(sales_catalogue, opa_url=f"http://127.0.0.1:{free_port()}")
+
+
+def test_cli_bad_opa_address_is_an_error_not_a_traceback(capsys):
+    code = main(
+        [
+            "eval",
+            "compose",
+            str(DOCS / "compose.json"),
+            "--catalogue",
+            SALES,
+            "--opa",
+            "http://localhost:8181",
+        ]
+    )
+    assert code == EXIT_ERROR
+    assert "loopback IP literal" in capsys.readouterr().err
