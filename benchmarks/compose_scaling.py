@@ -58,9 +58,9 @@ NOTES = """## Reading these figures
   is building one reason object, with its message, per hidden tool. In the synthetic
   catalogue 95% of the tools are hidden, so this is close to the worst case.
 - **Through the server, compose costs more than `opa bench` shows** for the same
-  policy: OPA encodes the whole decision as JSON, and the decision logger (on so OPA
-  returns a decision id) copies and masks every result. Its mask drops `/input` and
-  compose's `/result/excluded` from the log line, so a line stays small.
+  policy: OPA encodes the whole decision as JSON, and the decision logger (on so that
+  OPA returns a decision id) builds an event for every answer before the embedded
+  OPA's `drop` policy discards it.
 - **Call overhead** is what the dispatcher adds to the bare OPA round trip:
   validating parameters and facts, the digest, strict validation of the decision,
   running the tool and validating its output. A profile shows most of a call's time
