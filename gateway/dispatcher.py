@@ -2,8 +2,9 @@
 
 The dispatcher decides nothing itself. For each call it
 
-1. validates the parameters against the tool's input schema (bad input never
-   reaches OPA or the tool) and computes their digest itself;
+1. copies the parameters once as plain JSON, validates that copy against the
+   tool's input schema (bad input never reaches OPA or the tool) and computes its
+   digest itself; the same copy is what the tool later receives;
 2. asks OPA's ``capgate/execute`` once, failing closed on any problem;
 3. refuses unless the answer is an unconditional allow or carries only obligations
    it knows how to keep;
@@ -156,8 +157,20 @@ class Dispatcher:
         if decision.reasons or contract is None:
             # An allow that also gives reasons, or allows a tool we have no contract for,
             # contradicts the policy contract: refuse rather than guess.
+            log.warning(
+                "refused inconsistent allow tool=%s decision=%s", tool, decision.decision_id
+            )
             raise PolicyUnavailable(f"OPA returned an inconsistent allow for {tool!r}")
-        idempotency_key = _keep_obligations(tool, decision)
+        try:
+            idempotency_key = _keep_obligations(tool, decision)
+        except ObligationUnsupported:
+            log.warning(
+                "refused allow with unsupported obligations tool=%s obligations=%s decision=%s",
+                tool,
+                ",".join(o.code for o in decision.obligations),
+                decision.decision_id,
+            )
+            raise
 
         adapter = self.registry.adapter_for(tool)
         if adapter is None:
