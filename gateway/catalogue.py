@@ -14,7 +14,6 @@ and stamped with a digest that identifies exactly this data.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from gateway.contracts import BudgetClassSpec, Catalogue, RoleSpec, TaskTypeSpec, ToolContract
-from gateway.digest import canonical_json
+from gateway.digest import canonical_json, digest_of
 from gateway.errors import CatalogueError
 from gateway.facts import Identifier
 
@@ -357,7 +356,7 @@ def catalogue_digest(document: Mapping[str, Any]) -> str:
     OPA: equal policy data gives an equal digest, whatever the key order.
     """
     body = {key: value for key, value in document.items() if key != "meta"}
-    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+    return digest_of(canonical_json(body))
 
 
 def _compile_tool(tool: ToolContract) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.errors import InvalidInput
 
-__all__ = ["canonical_json", "params_digest"]
+__all__ = ["canonical_json", "digest_of", "params_digest"]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -30,6 +30,11 @@ def canonical_json(value: Any) -> bytes:
         raise InvalidInput(f"parameters are not plain JSON ({type(exc).__name__})") from None
 
 
+def digest_of(canonical: bytes) -> str:
+    """``sha256:<hex>`` of bytes already produced by :func:`canonical_json`."""
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
 def params_digest(params: Mapping[str, Any]) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``params``."""
-    return "sha256:" + hashlib.sha256(canonical_json(dict(params))).hexdigest()
+    return digest_of(canonical_json(dict(params)))

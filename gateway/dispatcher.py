@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from gateway.contracts import Catalogue, Idempotency, ToolContract
 from gateway.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
-from gateway.digest import canonical_json, params_digest
+from gateway.digest import canonical_json, digest_of
 from gateway.errors import (
     CapabilityViolation,
     InvalidInput,
@@ -135,12 +135,20 @@ class Dispatcher:
         """
         # One private, plain-JSON copy: what is validated and hashed is exactly what the
         # tool receives, whatever the caller does to its own objects meanwhile.
-        params = _json_copy(params)
+        canonical = canonical_json(dict(params))
+        authorised: dict[str, Any] = json.loads(canonical)
         contract = self.catalogue.tools.get(tool)
         if contract is not None:
-            _validate_params(contract, self._schemas_for(contract).input, params)
+            _validate_params(contract, self._schemas_for(contract).input, authorised)
         request = self._execute_input(
-            facts, tool, contract, params, operation_id, approval, evidence
+            facts,
+            tool,
+            contract,
+            authorised,
+            digest_of(canonical),
+            operation_id,
+            approval,
+            evidence,
         )
 
         decision = self.policy.execute(request)
@@ -182,7 +190,7 @@ class Dispatcher:
             connection_alias=contract.connection_alias,
         )
         outcome = _run(
-            adapter, contract, self._schemas_for(contract).output, params, context, decision
+            adapter, contract, self._schemas_for(contract).output, authorised, context, decision
         )
         self._emit_call(request, decision, status=outcome.status.value)
         log.info(
@@ -202,6 +210,7 @@ class Dispatcher:
         tool: str,
         contract: ToolContract | None,
         params: dict[str, Any],
+        digest: str,
         operation_id: str | None,
         approval: Approval | None,
         evidence: Iterable[str],
@@ -215,7 +224,8 @@ class Dispatcher:
             or (approval.operation_id if approval else None)
             or f"op-{uuid.uuid4()}",
             "subject": _subject(contract, params) if contract else None,
-            "params_digest": params_digest(params),
+            # Of the same canonical bytes the copy was made from: hashed once, not twice.
+            "params_digest": digest,
         }
         try:
             return ExecuteInput.model_validate(
@@ -272,11 +282,9 @@ class _Schemas:
     output: jsonschema.protocols.Validator
 
 
-def _json_copy(params: Mapping[str, Any]) -> dict[str, Any]:
+def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy through canonical JSON, or InvalidInput for anything that is not JSON."""
-    copied = json.loads(canonical_json(dict(params)))
-    if not isinstance(copied, dict):  # pragma: no cover - a dict always round-trips to one
-        raise InvalidInput("parameters must be a JSON object")
+    copied: dict[str, Any] = json.loads(canonical_json(dict(value)))
     return copied
 
 
