@@ -19,8 +19,8 @@ policy-test: setup
 	@bash scripts/policy-gate.sh
 
 lint: setup
-	$(VENV)/ruff check gateway adapters tests benchmarks
-	$(VENV)/ruff format --check gateway adapters tests benchmarks
+	$(VENV)/ruff check gateway adapters capgate tests benchmarks
+	$(VENV)/ruff format --check gateway adapters capgate tests benchmarks
 
 typecheck: setup
 	$(VENV)/mypy

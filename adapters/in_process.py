@@ -1,22 +1,32 @@
 """Run plain Python callables in this process: the default transport.
 
+A tool is the seed design's ``(name, description, run)`` triple::
+
+    tools = InProcessTools()
+    tools.register("oracle", "Draw a cryptic omen. Params: {seed: str}.", oracle)
+    registry = ToolRegistry(tools)
+
 A tool function receives exactly the call's parameters. What the dispatcher knows
 about the call besides them (the operation id, the idempotency key the policy
 obliged it to pass, the connection alias) is available during the call through
 :func:`current_call`, so a tool that talks to a provider can send the key without
 the key ever being a parameter an agent could choose.
+
+This module depends on :mod:`gateway` for the transport contract only; the core
+library never imports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.transport import CallContext, ToolFunction
+from gateway.dispatch.registry import require_catalogue_names
+from gateway.dispatch.transport import CallContext, ToolFunction
 
-__all__ = ["InProcessAdapter", "ToolSpec", "current_call"]
+__all__ = ["InProcessTools", "ToolSpec", "current_call"]
 
 _current: ContextVar[CallContext | None] = ContextVar("capgate_current_call", default=None)
 
@@ -38,18 +48,32 @@ class ToolSpec:
     run: ToolFunction
 
 
-@dataclass
-class InProcessAdapter:
-    """Holds callables by name and calls them with the call's parameters."""
+class InProcessTools:
+    """Holds callables by name and calls them with the call's parameters.
 
-    _tools: dict[str, ToolSpec] = field(default_factory=dict)
+    ``catalogue_tools`` (optional) is the set of names the catalogue defines; when
+    given, registering any other name fails at once instead of when the dispatcher
+    is built.
+    """
+
+    def __init__(self, catalogue_tools: Iterable[str] | None = None) -> None:
+        self._tools: dict[str, ToolSpec] = {}
+        self._known = None if catalogue_tools is None else frozenset(catalogue_tools)
 
     def register(self, name: str, description: str, run: ToolFunction) -> None:
+        """Add the tool ``name``; a second tool of the same name is an error."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("a tool name must be a non-empty string")
         if not callable(run):
             raise TypeError(f"tool {name!r}: run must be callable")
         if name in self._tools:
             raise ValueError(f"tool {name!r} is already registered")
+        if self._known is not None:
+            require_catalogue_names([name], self._known)
         self._tools[name] = ToolSpec(name, description, run)
+
+    def names(self) -> Iterable[str]:
+        return self._tools.keys()
 
     def has(self, name: str) -> bool:
         return name in self._tools
@@ -67,3 +91,6 @@ class InProcessAdapter:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)

@@ -33,16 +33,17 @@ from typing import Any
 
 import httpx
 
-from gateway.bundle import default_policies_dir, write_bundle
+from adapters.in_process import InProcessTools
+from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
-from gateway.contracts import Catalogue
-from gateway.demo import demo_catalogue_dir
-from gateway.dispatcher import Dispatcher
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.opa_process import find_opa_binary
-from gateway.policy_client import PolicyClient
-from gateway.registry import ToolRegistry
-from gateway.sidecar import PolicySidecar
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.registry import ToolRegistry
+from gateway.model.contracts import Catalogue
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.opa.binary import find_opa_binary
+from gateway.opa.bundle import default_policies_dir, write_bundle
+from gateway.opa.client import PolicyClient
+from gateway.opa.sidecar import PolicySidecar
 
 SIZES = (10, 100, 1_000, 10_000)
 
@@ -180,12 +181,13 @@ def compose_scaling(rows: list[str]) -> None:
 
 def call_overhead(rows: list[str], runs: int = 400) -> None:
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
-    registry = ToolRegistry()
-    registry.register(
+    tools = InProcessTools()
+    tools.register(
         "contact.read",
         "no-op",
         lambda contact_id: {"contact_id": contact_id, "name": "n", "email": "e@example.test"},
     )
+    registry = ToolRegistry(tools)
     facts = ComposeInput.model_validate(
         {
             "principal": {"agent": "bench", "role": "sales", "tenant": "t"},

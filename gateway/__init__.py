@@ -5,12 +5,12 @@ questions (compose: which tools may this agent see; execute: may this exact call
 run now), runs the tool only on an allow, and fails closed on every error.
 """
 
-from gateway.agent import AgentSession
 from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.contracts import Catalogue, ToolContract
-from gateway.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
 from gateway.digest import params_digest
-from gateway.dispatcher import DecisionEvent, Dispatcher, PolicyDecider
+from gateway.dispatch.agent import AgentSession
+from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher, PolicyDecider
+from gateway.dispatch.registry import ToolRegistry
+from gateway.dispatch.transport import Adapter, CallContext
 from gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -22,12 +22,20 @@ from gateway.errors import (
     ToolFailed,
     ToolNotRegistered,
 )
-from gateway.facts import Approval, Call, ComposeInput, ExecuteInput, Principal, ResourceRef, Task
-from gateway.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
-from gateway.policy_client import PolicyClient
-from gateway.registry import ToolRegistry
-from gateway.sidecar import OPA_URL_ENV, PolicySidecar
-from gateway.transport import Adapter, CallContext
+from gateway.model.contracts import Catalogue, ToolContract
+from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.facts import (
+    Approval,
+    Call,
+    ComposeInput,
+    ExecuteInput,
+    Principal,
+    ResourceRef,
+    Task,
+)
+from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.opa.client import PolicyClient
+from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 
 __all__ = [
     "OPA_URL_ENV",

@@ -12,6 +12,7 @@ they happen, and none of them is ever turned into an allow::
     ├── CapabilityViolation      capability_denied       OPA said no; carries the reason codes
     │   └── ObligationUnsupported obligation_unsupported an allow on a condition we cannot keep
     ├── ToolNotRegistered        tool_not_registered     granted, but no adapter holds the tool
+    ├── ToolNotInCatalogue       tool_not_in_catalogue   a registered name the catalogue lacks
     └── ToolFailed               tool_failed             it ran, but did not succeed; see .outcome
 """
 
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from gateway.decisions import Reason
-    from gateway.outcomes import Outcome
+    from gateway.model.decisions import Reason
+    from gateway.model.outcomes import Outcome
 
 __all__ = [
     "CapabilityViolation",
@@ -35,6 +36,7 @@ __all__ = [
     "ObligationUnsupported",
     "PolicyUnavailable",
     "ToolFailed",
+    "ToolNotInCatalogue",
     "ToolNotRegistered",
 ]
 
@@ -136,11 +138,35 @@ class ToolNotRegistered(CapgateError):
         super().__init__(f"tool {tool!r} is granted but not registered with any adapter")
 
 
+class ToolNotInCatalogue(CapgateError):
+    """A tool was registered under a name the catalogue does not define.
+
+    Such a tool could never be called (OPA denies every unknown tool), so the name
+    is almost certainly a typo; ``suggestions`` maps each name to the closest
+    catalogue name, if any.
+    """
+
+    code: ClassVar[str] = "tool_not_in_catalogue"
+
+    def __init__(self, names: Sequence[str], suggestions: dict[str, list[str]]) -> None:
+        self.names = list(names)
+        self.suggestions = suggestions
+        parts = []
+        for name in self.names:
+            close = suggestions.get(name) or []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            parts.append(f"{name!r}{hint}")
+        super().__init__(
+            f"registered tool(s) not in the catalogue: {', '.join(parts)}; "
+            "add them to tools.yaml or fix the name"
+        )
+
+
 class ToolFailed(CapgateError):
     """An authorised tool ran but its outcome is not a success.
 
     Raised only by the agent-side ``call_tool`` helper, which promises a result dict;
-    the dispatcher itself returns the :class:`~gateway.outcomes.Outcome` instead.
+    the dispatcher itself returns the :class:`~gateway.model.outcomes.Outcome` instead.
     """
 
     code: ClassVar[str] = "tool_failed"

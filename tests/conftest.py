@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
-from gateway.contracts import Catalogue
-from gateway.demo import demo_catalogue_dir
-from gateway.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.model.contracts import Catalogue
+from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 
 
 @pytest.fixture(autouse=True)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
-from gateway.contracts import Catalogue
-from gateway.demo import demo_catalogue_dir
-from gateway.demo.scenes import run_demo
+from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.scenes import run_demo
 from gateway.errors import PolicyUnavailable
-from gateway.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.model.contracts import Catalogue
+from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from tests.integration.opa_servers import external_opa, free_port
 
 pytestmark = pytest.mark.integration

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from adapters.demo_sales import SalesDesk
-from gateway.agent import AgentSession
-from gateway.contracts import Catalogue
+from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.digest import params_digest
-from gateway.dispatcher import Dispatcher
+from gateway.dispatch.agent import AgentSession
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation, PolicyUnavailable
-from gateway.facts import Approval, ComposeInput
-from gateway.outcomes import OutcomeStatus
-from gateway.registry import ToolRegistry
-from gateway.sidecar import PolicySidecar
+from gateway.model.contracts import Catalogue
+from gateway.model.facts import Approval, ComposeInput
+from gateway.model.outcomes import OutcomeStatus
+from gateway.opa.sidecar import PolicySidecar
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def desk() -> SalesDesk:
 
 @pytest.fixture
 def dispatcher(sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, desk: SalesDesk):
-    return Dispatcher(sales_catalogue, sales_sidecar.client, desk.register_into(ToolRegistry()))
+    return Dispatcher(sales_catalogue, sales_sidecar.client, ToolRegistry(desk.tools()))
 
 
 def test_allow_approved_payment_runs_once_however_often_it_is_called(dispatcher, desk):
@@ -245,7 +245,7 @@ def test_agent_session_calls_a_visible_tool(dispatcher, desk):
 
 def test_killed_opa_fails_closed_and_tool_is_never_entered(sales_catalogue, desk):
     with PolicySidecar(sales_catalogue) as sidecar:
-        dispatcher = Dispatcher(sales_catalogue, sidecar.client, desk.register_into(ToolRegistry()))
+        dispatcher = Dispatcher(sales_catalogue, sidecar.client, ToolRegistry(desk.tools()))
         dispatcher.call(sales_facts(), "contact.read", {"contact_id": "c-42"})
         assert desk.entered == ["contact.read"]
         assert sidecar.process is not None

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.decisions import ComposeDecision, ExecuteDecision
 from gateway.errors import PolicyUnavailable
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.opa_process import EmbeddedOPA
-from gateway.policy_client import PolicyClient
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.opa.client import PolicyClient
+from gateway.opa.process import EmbeddedOPA
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
 pytestmark = pytest.mark.integration

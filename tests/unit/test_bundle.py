@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway import bundle as bundle_module
-from gateway.bundle import default_policies_dir, write_bundle
+from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.contracts import Catalogue
-from gateway.demo import demo_catalogue_dir
+from gateway.model.contracts import Catalogue
+from gateway.opa import bundle as bundle_module
+from gateway.opa import policies as policies_module
+from gateway.opa.bundle import write_bundle
+from gateway.opa.policies import default_policies_dir, locate_policies
 
 
 @pytest.fixture
@@ -52,7 +54,6 @@ def test_public_surface_is_pinned() -> None:
     assert sorted(bundle_module.__all__) == [
         "BUNDLE_ROOT",
         "DATA_PATH",
-        "default_policies_dir",
         "write_bundle",
     ]
 
@@ -141,7 +142,7 @@ def test_failure_while_writing_leaves_no_partial_bundle(
             raise OSError(28, "No space left on device")
         return real_copy(src, dst)
 
-    monkeypatch.setattr("gateway.bundle.shutil.copyfile", copy_then_fail)
+    monkeypatch.setattr("gateway.opa.bundle.shutil.copyfile", copy_then_fail)
     out_dir = tmp_path / "out" / "bundle"
     with pytest.raises(OSError, match="No space left"):
         write_bundle(catalogue, out_dir, policies)
@@ -180,7 +181,7 @@ def test_failed_swap_restores_the_earlier_bundle(
             raise OSError(5, "Input/output error")
         real_replace(src, dst)
 
-    monkeypatch.setattr("gateway.bundle.os.replace", refuse_moving_in)
+    monkeypatch.setattr("gateway.opa.bundle.os.replace", refuse_moving_in)
     with pytest.raises(OSError, match="Input/output"):
         write_bundle(load_catalogue(demo_catalogue_dir("oracle-grove")), out_dir, policies)
     assert (out_dir / ".manifest").read_bytes() == manifest
@@ -197,20 +198,30 @@ def test_default_policies_dir_from_environment(
         default_policies_dir()
 
 
-def test_default_policies_dir_is_the_repository_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_policies_dir_is_the_checkout_folder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CAPGATE_POLICIES", raising=False)
-    expected = Path(bundle_module.__file__).resolve().parents[1] / "policies"
-    if expected.is_dir():
-        assert default_policies_dir() == expected
-    else:  # an installed package ships no policies
-        with pytest.raises(FileNotFoundError, match="CAPGATE_POLICIES"):
-            default_policies_dir()
+    repo = Path(__file__).resolve().parents[2]
+    located = locate_policies()
+    assert located.path == repo / "policies"
+    assert located.source == "checkout"
+    assert "checkout" in located.describe()
+
+
+def test_packaged_policies_come_before_the_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CAPGATE_POLICIES", raising=False)
+    (tmp_path / "capgate").mkdir()
+    monkeypatch.setattr(policies_module, "_PACKAGED", tmp_path)
+    assert locate_policies().path == tmp_path
+    assert locate_policies().source == "package"
 
 
 def test_missing_default_policies_dir_says_how_to_fix_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("CAPGATE_POLICIES", raising=False)
-    monkeypatch.setattr(bundle_module, "__file__", str(tmp_path / "gateway" / "bundle.py"))
+    monkeypatch.setattr(policies_module, "_PACKAGE_DIR", tmp_path / "gateway")
+    monkeypatch.setattr(policies_module, "_PACKAGED", tmp_path / "gateway" / "_policies")
     with pytest.raises(FileNotFoundError, match=r"set \$CAPGATE_POLICIES"):
         default_policies_dir()

@@ -11,10 +11,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from capgate.demo import demo_catalogue_dir, demo_catalogue_names
 from gateway import catalogue as catalogue_module
-from gateway import contracts
 from gateway.catalogue import catalogue_digest, compile_catalogue, load_catalogue
-from gateway.contracts import (
+from gateway.errors import CatalogueError
+from gateway.model import contracts
+from gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
     CostClass,
@@ -23,8 +25,6 @@ from gateway.contracts import (
     TaskTypeSpec,
     ToolContract,
 )
-from gateway.demo import demo_catalogue_dir, demo_catalogue_names
-from gateway.errors import CatalogueError
 
 # ----------------------------------------------------------------------- helpers
 

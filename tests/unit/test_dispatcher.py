@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from adapters.demo_sales import SalesDesk
+from adapters.in_process import InProcessTools
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
-from gateway.contracts import Catalogue
-from gateway.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
-from gateway.demo import demo_catalogue_dir
 from gateway.digest import params_digest
-from gateway.dispatcher import DecisionEvent, Dispatcher
+from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
+from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import (
     CapabilityViolation,
     InvalidInput,
@@ -27,9 +27,10 @@ from gateway.errors import (
     PolicyUnavailable,
     ToolNotRegistered,
 )
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.outcomes import OutcomeStatus, ToolRefused, ToolRetryable
-from gateway.registry import ToolRegistry
+from gateway.model.contracts import Catalogue
+from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable
 
 ALLOW = ExecuteDecision(allow=True, reasons=[], obligations=[], decision_id="d-1")
 
@@ -82,7 +83,7 @@ def desk() -> SalesDesk:
 
 
 def make(catalogue: Catalogue, desk: SalesDesk, decider: ScriptedDecider, **kw: Any) -> Dispatcher:
-    return Dispatcher(catalogue, decider, desk.register_into(ToolRegistry()), **kw)
+    return Dispatcher(catalogue, decider, ToolRegistry(desk.tools()), **kw)
 
 
 def test_allow_runs_tool_and_returns_success(catalogue, desk, facts):
@@ -188,6 +189,9 @@ def test_idempotency_key_obligation_reaches_the_adapter(catalogue, facts):
     seen: list[Any] = []
 
     class Recorder:
+        def names(self) -> list[str]:
+            return ["contact.read"]
+
         def has(self, name: str) -> bool:
             return True
 
@@ -220,9 +224,9 @@ def test_idempotency_obligation_without_key_is_refused(catalogue, desk, facts):
 
 
 def _registry_with(fn: Any) -> ToolRegistry:
-    registry = ToolRegistry()
-    registry.register("contact.read", "d", fn)
-    return registry
+    tools = InProcessTools()
+    tools.register("contact.read", "d", fn)
+    return ToolRegistry(tools)
 
 
 @pytest.mark.parametrize(
@@ -325,12 +329,13 @@ def test_tool_runs_on_the_authorised_copy_not_the_callers_object(catalogue, fact
             params["amount_cents"] = 999_999  # the caller changes its dict mid-decision
             return super().execute(facts)
 
-    registry = ToolRegistry()
-    registry.register(
+    tools = InProcessTools()
+    tools.register(
         "quote.propose",
         "d",
         lambda **p: seen.append(p) or {"proposal_id": "p", "status": "proposed"},
     )
+    registry = ToolRegistry(tools)
     decider = Meddler()
     Dispatcher(catalogue, decider, registry).call(facts, "quote.propose", params)
     assert seen == [{"opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}]
@@ -412,7 +417,7 @@ def test_bad_output_message_does_not_quote_the_output(catalogue, facts):
 def test_approval_supplies_the_operation_id(catalogue, desk, facts):
     from datetime import UTC, datetime, timedelta
 
-    from gateway.facts import Approval
+    from gateway.model.facts import Approval
 
     decider = ScriptedDecider()
     approval = Approval(

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.decisions import ComposeDecision, ExecuteDecision
 from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.policy_client import (
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
     EXECUTE_PATH,
@@ -348,11 +348,11 @@ def test_query_returns_result_and_decision_id() -> None:
 def test_debug_log_has_path_latency_and_decision_id_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="gateway.policy_client")
+    caplog.set_level(logging.DEBUG, logger="gateway.opa.client")
     handler = answer({"result": EXECUTE_RESULT, "decision_id": DECISION_ID})
     with client_for(handler) as client:
         client.execute(execute_facts())
-    (record,) = [r for r in caplog.records if r.name == "gateway.policy_client"]
+    (record,) = [r for r in caplog.records if r.name == "gateway.opa.client"]
     assert record.levelno == logging.DEBUG
     assert EXECUTE_PATH in record.getMessage()
     assert DECISION_ID in record.getMessage()

@@ -7,17 +7,18 @@ from typing import Any
 
 import pytest
 
-from gateway.agent import AgentSession
+from adapters.in_process import InProcessTools
+from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
-from gateway.decisions import ComposeDecision, ExecuteDecision
-from gateway.demo import demo_catalogue_dir
 from gateway.digest import canonical_json, params_digest
-from gateway.dispatcher import Dispatcher
-from gateway.errors import InvalidInput, ToolFailed
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.outcomes import OutcomeStatus, ToolRefused
-from gateway.registry import ToolRegistry
-from gateway.transport import CallContext
+from gateway.dispatch.agent import AgentSession
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.registry import ToolRegistry
+from gateway.dispatch.transport import CallContext
+from gateway.errors import InvalidInput, ToolFailed, ToolNotInCatalogue
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.outcomes import OutcomeStatus, ToolRefused
 
 
 class Remote:
@@ -26,6 +27,9 @@ class Remote:
     def __init__(self, name: str) -> None:
         self.name = name
         self.calls: list[str] = []
+
+    def names(self) -> list[str]:
+        return [self.name]
 
     def has(self, name: str) -> bool:
         return name == self.name
@@ -38,13 +42,54 @@ class Remote:
         return {"from": "remote"}
 
 
-def test_in_process_tools_come_before_attached_adapters():
+def test_adapters_are_tried_in_the_order_given():
     remote = Remote("oracle")
-    registry = ToolRegistry(remote)
-    assert registry.describe("oracle") == "remote description"
-    registry.register("oracle", "local description", lambda seed: {"omen": seed})
+    local = InProcessTools()
+    local.register("oracle", "local description", lambda seed: {"omen": seed})
+    assert ToolRegistry(remote, local).describe("oracle") == "remote description"
+    registry = ToolRegistry(local, remote)
     assert registry.describe("oracle") == "local description"
-    assert registry.adapter_for("oracle") is not remote
+    assert registry.adapter_for("oracle") is local
+    assert registry.names() == {"oracle"}
+
+
+def test_registry_refuses_what_is_not_an_adapter():
+    with pytest.raises(TypeError, match="Adapter protocol"):
+        ToolRegistry(object())  # type: ignore[arg-type]
+
+
+def test_binding_to_a_catalogue_names_every_unknown_tool_with_a_suggestion():
+    tools = InProcessTools()
+    tools.register("contact.raed", "typo", lambda contact_id: {})
+    tools.register("contact.read", "fine", lambda contact_id: {})
+    registry = ToolRegistry(tools)
+    with pytest.raises(ToolNotInCatalogue) as caught:
+        registry.bind(["contact.read", "quote.propose"])
+    assert caught.value.code == "tool_not_in_catalogue"
+    assert caught.value.names == ["contact.raed"]
+    assert "did you mean 'contact.read'" in str(caught.value)
+
+
+def test_a_bound_registry_refuses_an_adapter_with_unknown_names():
+    registry = ToolRegistry(Remote("contact.read"))
+    registry.bind(["contact.read"])
+    with pytest.raises(ToolNotInCatalogue, match="'elsewhere'"):
+        registry.attach(Remote("elsewhere"))
+    assert registry.names() == {"contact.read"}
+
+
+def test_in_process_tools_given_the_catalogue_refuse_a_typo_at_once():
+    tools = InProcessTools(catalogue_tools=["oracle"])
+    tools.register("oracle", "d", lambda seed: {})
+    with pytest.raises(ToolNotInCatalogue, match="did you mean 'oracle'"):
+        tools.register("oracel", "d", lambda seed: {})
+    assert list(tools) == ["oracle"]
+
+
+def test_dispatcher_refuses_a_registry_with_names_the_catalogue_lacks():
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    with pytest.raises(ToolNotInCatalogue, match=r"'payments\.execute'"):
+        Dispatcher(catalogue, Decider([]), ToolRegistry(Remote("payments.execute")))
 
 
 def test_attached_adapter_serves_what_is_not_local():
@@ -56,13 +101,16 @@ def test_attached_adapter_serves_what_is_not_local():
     assert registry.adapter_for("nope") is None
 
 
-def test_register_rejects_duplicates_and_non_callables():
-    registry = ToolRegistry()
-    registry.register("a", "d", lambda: {})
+def test_register_rejects_duplicates_non_callables_and_bad_names():
+    tools = InProcessTools()
+    tools.register("a", "d", lambda: {})
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("a", "d", lambda: {})
+        tools.register("a", "d", lambda: {})
     with pytest.raises(TypeError, match="callable"):
-        registry.register("b", "d", "not a function")  # type: ignore[arg-type]
+        tools.register("b", "d", "not a function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="non-empty string"):
+        tools.register("", "d", lambda: {})
+    assert len(tools) == 1
 
 
 def test_digest_ignores_key_order_and_sees_every_value():
@@ -126,9 +174,9 @@ def test_call_tool_raises_tool_failed_with_the_outcome():
     def refuse(contact_id: str) -> dict[str, Any]:
         raise ToolRefused("contact was deleted")
 
-    registry = ToolRegistry()
-    registry.register("contact.read", "d", refuse)
-    agent = session(["contact.read"], registry)
+    tools = InProcessTools()
+    tools.register("contact.read", "d", refuse)
+    agent = session(["contact.read"], ToolRegistry(tools))
     with pytest.raises(ToolFailed) as caught:
         agent.call_tool("contact.read", contact_id="c")
     assert caught.value.code == "tool_failed"

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.decisions import ComposeDecision
-from gateway.dispatcher import Dispatcher
+from gateway.dispatch.dispatcher import Dispatcher
 from gateway.errors import ToolFailed
-from gateway.facts import Approval, ComposeInput
-from gateway.outcomes import Outcome
+from gateway.model.decisions import ComposeDecision
+from gateway.model.facts import Approval, ComposeInput
+from gateway.model.outcomes import Outcome
 
 __all__ = ["AgentSession"]
 

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.facts import Identifier
+from gateway.model.facts import Identifier
 
 __all__ = [
     "ApprovalKind",

@@ -1,4 +1,4 @@
-"""In-process stand-ins for the sales/support/finance tools of the demo catalogue.
+"""Stand-ins for the sales/support/finance tools of the demo catalogue.
 
 They touch no provider: each returns a plausible receipt and records that it was
 entered, so the demo and the tests can prove a denied call never reached the tool
@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.in_process import current_call
-from gateway.outcomes import ToolRefused
-from gateway.registry import ToolRegistry
+from adapters.in_process import InProcessTools, current_call
+from gateway.model.outcomes import ToolRefused
 
 __all__ = ["SalesDesk"]
 
@@ -56,10 +55,11 @@ class SalesDesk:
             }
         return dict(self.payments[key])
 
-    def register_into(self, registry: ToolRegistry) -> ToolRegistry:
-        """Register all four tools in ``registry`` and return it."""
-        registry.register("contact.read", "Read one CRM contact.", self.contact_read)
-        registry.register("quote.propose", "Propose a quote.", self.quote_propose)
-        registry.register("quote.prepare_send", "Prepare a quote email.", self.quote_prepare_send)
-        registry.register("payment.execute", "Pay an approved invoice.", self.payment_execute)
-        return registry
+    def tools(self) -> InProcessTools:
+        """The four tools, registered in a new in-process adapter."""
+        tools = InProcessTools()
+        tools.register("contact.read", "Read one CRM contact.", self.contact_read)
+        tools.register("quote.propose", "Propose a quote.", self.quote_propose)
+        tools.register("quote.prepare_send", "Prepare a quote email.", self.quote_prepare_send)
+        tools.register("payment.execute", "Pay an approved invoice.", self.payment_execute)
+        return tools

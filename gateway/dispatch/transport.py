@@ -8,7 +8,7 @@ MCP) cannot change what is authorised.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,6 +30,10 @@ class CallContext:
 @runtime_checkable
 class Adapter(Protocol):
     """A transport that can run tools by name."""
+
+    def names(self) -> Iterable[str]:
+        """Every tool name this adapter can run (checked against the catalogue)."""
+        ...
 
     def has(self, name: str) -> bool: ...
 

@@ -9,7 +9,7 @@ The dispatcher decides nothing itself. For each call it
 3. refuses unless the answer is an unconditional allow or carries only obligations
    it knows how to keep;
 4. only then looks up a transport (so a denied call touches none) and runs the tool;
-5. turns whatever happened into an :class:`~gateway.outcomes.Outcome`.
+5. turns whatever happened into an :class:`~gateway.model.outcomes.Outcome`.
 
 Tool output is untrusted: it is checked against the output schema and returned as
 data, never interpreted.
@@ -27,9 +27,9 @@ from typing import Any, Protocol
 import jsonschema
 from pydantic import ValidationError
 
-from gateway.contracts import Catalogue, Idempotency, ToolContract
-from gateway.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
 from gateway.digest import canonical_json, digest_of
+from gateway.dispatch.registry import ToolRegistry
+from gateway.dispatch.transport import Adapter, CallContext
 from gateway.errors import (
     CapabilityViolation,
     InvalidInput,
@@ -37,10 +37,10 @@ from gateway.errors import (
     PolicyUnavailable,
     ToolNotRegistered,
 )
-from gateway.facts import Approval, ComposeInput, ExecuteInput
-from gateway.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
-from gateway.registry import ToolRegistry
-from gateway.transport import Adapter, CallContext
+from gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.facts import Approval, ComposeInput, ExecuteInput
+from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
 
 __all__ = ["DecisionEvent", "Dispatcher", "PolicyDecider"]
 
@@ -87,6 +87,7 @@ class Dispatcher:
         *,
         observer: Observer | None = None,
     ) -> None:
+        registry.bind(catalogue.tools)  # a registered name the catalogue lacks is a typo
         self.catalogue = catalogue
         self.policy = policy
         self.registry = registry

@@ -47,14 +47,11 @@ from types import TracebackType
 from typing import Final
 
 from gateway.errors import OPAProcessError
-from gateway.policy_client import PolicyClient
+from gateway.opa.binary import OPABinary, find_opa
+from gateway.opa.client import PolicyClient
 
-__all__ = ["OPA_BIN_ENV", "EmbeddedOPA", "find_opa_binary"]
+__all__ = ["EmbeddedOPA"]
 
-#: Environment variable naming the OPA binary to use, ahead of every other place.
-OPA_BIN_ENV: Final = "CAPGATE_OPA_BIN"
-
-_REPO: Final = Path(__file__).resolve().parents[1]
 _STOP_GRACE_SECONDS: Final = 5.0
 _LOG_TAIL_CHARS: Final = 4000
 # sun_path holds 108 bytes on Linux and 104 on macOS, terminating NUL included.
@@ -71,38 +68,6 @@ package system.log
 
 drop := true
 """
-
-
-def find_opa_binary() -> Path:
-    """The OPA binary to run: ``$CAPGATE_OPA_BIN``, then ``.tools/bin/opa``, then PATH.
-
-    An explicit ``$CAPGATE_OPA_BIN`` that does not point at an executable is an
-    error rather than a reason to fall back: a silently different OPA is worse.
-    """
-    explicit = os.environ.get(OPA_BIN_ENV)
-    if explicit:
-        path = Path(explicit)
-        if _is_executable(path):
-            return path
-        raise OPAProcessError(
-            f"${OPA_BIN_ENV} is set to {explicit}, which is not an executable file; "
-            f"unset it or point it at an OPA binary"
-        )
-    bundled = _REPO / ".tools" / "bin" / "opa"
-    if _is_executable(bundled):
-        return bundled
-    on_path = shutil.which("opa")
-    if on_path is not None:
-        return Path(on_path)
-    raise OPAProcessError(
-        f"no OPA binary found: looked at ${OPA_BIN_ENV} (unset), {bundled} and PATH. "
-        "Run `make setup` (or scripts/install-tools.sh) to build the pinned OPA into "
-        f".tools/bin, or set {OPA_BIN_ENV}"
-    )
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -128,7 +93,7 @@ class EmbeddedOPA:
     """One OPA server serving ``bundle_dir`` on a private unix socket.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. Pass
-    :attr:`address` to :class:`gateway.policy_client.PolicyClient`. ``start`` returns
+    :attr:`address` to :class:`gateway.opa.client.PolicyClient`. ``start`` returns
     only once OPA reports every bundle activated, so the first decision is real.
     """
 
@@ -142,6 +107,8 @@ class EmbeddedOPA:
         self.bundle_dir = Path(bundle_dir)
         self.opa_binary = opa_binary
         self.startup_timeout = startup_timeout
+        #: The binary actually run, known once :meth:`start` has found it.
+        self.binary: OPABinary | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
 
@@ -195,9 +162,8 @@ class EmbeddedOPA:
         return self
 
     def _launch(self) -> None:
-        binary = self.opa_binary if self.opa_binary is not None else find_opa_binary()
-        if not _is_executable(binary):
-            raise OPAProcessError(f"OPA binary {binary} is not an executable file")
+        self.binary = find_opa(self.opa_binary)
+        binary = self.binary.path
         if not self.bundle_dir.exists():
             raise OPAProcessError(f"bundle {self.bundle_dir} does not exist")
         self._dir = _private_dir()

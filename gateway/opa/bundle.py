@@ -19,37 +19,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.catalogue import compile_catalogue
-from gateway.contracts import Catalogue
+from gateway.catalogue.compile import compile_catalogue
+from gateway.model.contracts import Catalogue
+from gateway.opa.policies import default_policies_dir
 
-__all__ = ["BUNDLE_ROOT", "DATA_PATH", "default_policies_dir", "write_bundle"]
+__all__ = ["BUNDLE_ROOT", "DATA_PATH", "write_bundle"]
 
 #: The only root the bundle claims: OPA rejects policies or data outside it.
 BUNDLE_ROOT = "capgate"
 #: Where the compiled catalogue sits in the bundle, i.e. ``data.capgate.catalogue``.
 DATA_PATH = Path(BUNDLE_ROOT, "catalogue", "data.json")
-_POLICIES_ENV = "CAPGATE_POLICIES"
-
-
-def default_policies_dir() -> Path:
-    """The policies to bundle: ``$CAPGATE_POLICIES`` if set, else the repository's ``policies/``.
-
-    Raises ``FileNotFoundError`` when that directory does not exist, e.g. for an
-    installed package, which does not ship the policies.
-    """
-    configured = os.environ.get(_POLICIES_ENV)
-    if configured:
-        path = Path(configured)
-        if not path.is_dir():
-            raise FileNotFoundError(f"policies directory not found: {path} (from ${_POLICIES_ENV})")
-        return path
-    path = Path(__file__).resolve().parents[1] / "policies"
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"policies directory not found: {path}; set ${_POLICIES_ENV} "
-            "to the folder that holds the capgate *.rego files"
-        )
-    return path
 
 
 def _policy_files(policies_dir: Path) -> list[Path]:
@@ -109,9 +88,9 @@ def _move_into_place(staging: Path, out_dir: Path) -> None:
 def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None = None) -> Path:
     """Write the bundle directory ``out_dir`` and return it.
 
-    It holds every ``*.rego`` under ``policies_dir`` (default
-    :func:`default_policies_dir`) except ``*_test.rego``, at the same relative
-    paths; the compiled catalogue at ``capgate/catalogue/data.json``; and a
+    It holds every ``*.rego`` under ``policies_dir`` (default: the folder that
+    :func:`gateway.opa.policies.locate_policies` chooses) except ``*_test.rego``, at
+    the same relative paths; the compiled catalogue at ``capgate/catalogue/data.json``; and a
     ``.manifest`` with the catalogue digest as ``revision`` and ``capgate`` as
     the only root. An earlier bundle at ``out_dir`` is replaced; any other
     non-empty directory there is refused with ``FileExistsError``.

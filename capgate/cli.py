@@ -22,12 +22,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.bundle import write_bundle
 from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.decisions import ComposeDecision, ExecuteDecision
 from gateway.errors import CapgateError, InvalidInput
-from gateway.facts import ComposeInput, ExecuteInput
-from gateway.sidecar import PolicySidecar
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.opa.bundle import write_bundle
+from gateway.opa.sidecar import PolicySidecar
 
 __all__ = ["main"]
 
@@ -110,7 +110,7 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def _demo(_: argparse.Namespace) -> int:
-    from gateway.demo.scenes import run_demo
+    from capgate.demo.scenes import run_demo
 
     return run_demo()
 

@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from gateway.bundle import write_bundle
 from gateway.catalogue import compile_catalogue
-from gateway.contracts import Catalogue
 from gateway.errors import PolicyUnavailable
-from gateway.opa_process import EmbeddedOPA
-from gateway.policy_client import DEFAULT_TIMEOUT, PolicyClient
+from gateway.model.contracts import Catalogue
+from gateway.opa.bundle import write_bundle
+from gateway.opa.client import DEFAULT_TIMEOUT, PolicyClient
+from gateway.opa.process import EmbeddedOPA
 
 __all__ = ["OPA_URL_ENV", "PolicySidecar"]
 

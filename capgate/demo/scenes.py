@@ -16,18 +16,19 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TextIO
 
-from adapters.demo_sales import SalesDesk
-from adapters.oracle import ORACLE_DESCRIPTION, oracle
-from gateway.agent import AgentSession
+from adapters.in_process import InProcessTools
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
+from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
-from gateway.contracts import Catalogue
-from gateway.demo import demo_catalogue_dir
 from gateway.digest import params_digest
-from gateway.dispatcher import DecisionEvent, Dispatcher
+from gateway.dispatch.agent import AgentSession
+from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
+from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation
-from gateway.facts import Approval, ComposeInput
-from gateway.registry import ToolRegistry
-from gateway.sidecar import PolicySidecar
+from gateway.model.contracts import Catalogue
+from gateway.model.facts import Approval, ComposeInput
+from gateway.opa.sidecar import PolicySidecar
 
 __all__ = ["run_demo"]
 
@@ -81,8 +82,9 @@ def _denied(call: Callable[[], Any]) -> CapabilityViolation | None:
 def _oracle_grove(trace: _Trace) -> None:
     trace.say("== oracle-grove: a tool-using agent beside a tool-less one ==")
     catalogue = load_catalogue(demo_catalogue_dir("oracle-grove"))
-    registry = ToolRegistry()
-    registry.register("oracle", ORACLE_DESCRIPTION, oracle)
+    tools = InProcessTools()
+    tools.register("oracle", ORACLE_DESCRIPTION, oracle)
+    registry = ToolRegistry(tools)
 
     def facts(agent: str) -> ComposeInput:
         return ComposeInput.model_validate(
@@ -119,7 +121,7 @@ def _sales(trace: _Trace) -> None:
     trace.say("== sales / support / finance: compose by intersection, check every call ==")
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
     desk = SalesDesk()
-    registry = desk.register_into(ToolRegistry())
+    registry = ToolRegistry(desk.tools())
 
     def facts(agent: str, role: str, **changes: Any) -> ComposeInput:
         base: dict[str, Any] = {

@@ -45,9 +45,9 @@ import httpx
 from httpcore._backends.sync import SyncStream
 from pydantic import BaseModel, ValidationError
 
-from gateway.decisions import ComposeDecision, ExecuteDecision
 from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import ComposeInput, ExecuteInput
 
 __all__ = [
     "CATALOGUE_DIGEST_PATH",

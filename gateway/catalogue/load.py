@@ -1,4 +1,4 @@
-"""Load a YAML catalogue and compile it into the data document OPA reads.
+"""Load a YAML catalogue folder, whole or not at all.
 
 A catalogue is a directory of four files (``tools.yaml``, ``roles.yaml``,
 ``task_types.yaml``, ``budget_classes.yaml``; see ``docs/catalogue.md``).
@@ -6,10 +6,7 @@ A catalogue is a directory of four files (``tools.yaml``, ``roles.yaml``,
 :class:`~gateway.errors.CatalogueError`, each naming the file, the entry and the
 field, so one run shows everything to fix. It returns a whole catalogue or nothing.
 
-:func:`compile_catalogue` turns a loaded catalogue into ``data.capgate.catalogue``
-as ``docs/policy-interface.md`` specifies: keyed by name so that every policy
-lookup is one index, without the descriptions and schemas the policy never reads,
-and stamped with a digest that identifies exactly this data.
+Compiling it for OPA is :mod:`gateway.catalogue.compile`'s job.
 """
 
 from __future__ import annotations
@@ -22,17 +19,17 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
-from gateway.contracts import BudgetClassSpec, Catalogue, RoleSpec, TaskTypeSpec, ToolContract
-from gateway.digest import canonical_json, digest_of
 from gateway.errors import CatalogueError
-from gateway.facts import Identifier
+from gateway.model.contracts import (
+    BudgetClassSpec,
+    Catalogue,
+    RoleSpec,
+    TaskTypeSpec,
+    ToolContract,
+)
+from gateway.model.facts import Identifier
 
-__all__ = [
-    "CATALOGUE_FILES",
-    "catalogue_digest",
-    "compile_catalogue",
-    "load_catalogue",
-]
+__all__ = ["CATALOGUE_FILES", "load_catalogue"]
 
 #: The files a catalogue directory must hold, each with its single top-level key.
 CATALOGUE_FILES: Mapping[str, str] = {
@@ -344,60 +341,3 @@ def load_catalogue(directory: Path) -> Catalogue:
         )
     except ValidationError as exc:  # pragma: no cover - the checks above are stricter
         raise CatalogueError([f"{directory}: {e['msg']}" for e in exc.errors()]) from None
-
-
-# ---------------------------------------------------------------------- compiling
-
-
-def catalogue_digest(document: Mapping[str, Any]) -> str:
-    """``sha256:<hex>`` of a compiled catalogue document, ignoring its ``meta`` key.
-
-    The same function serves to stamp a document and to check one read back from
-    OPA: equal policy data gives an equal digest, whatever the key order.
-    """
-    body = {key: value for key, value in document.items() if key != "meta"}
-    return digest_of(canonical_json(body))
-
-
-def _compile_tool(tool: ToolContract) -> dict[str, Any]:
-    return {
-        "name": tool.name,
-        "version": tool.version,
-        "mode": tool.mode.value,
-        "roles": dict.fromkeys(tool.roles, True),
-        "connection_alias": tool.connection_alias,
-        "subject_type": tool.subject_type,
-        "requires": list(tool.requires),
-        "approval": tool.approval.value,
-        "execution_action": tool.execution_action,
-        "recovery": tool.recovery,
-        "idempotency": tool.idempotency.value,
-        "cost_class": tool.cost_class.value,
-        "environments": dict.fromkeys(tool.environments, True),
-    }
-
-
-def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
-    """The ``data.capgate.catalogue`` document for OPA (``docs/policy-interface.md``).
-
-    Sets become ``{name: true}`` objects so the policy tests membership with one
-    lookup. Descriptions and schemas stay out: the policy does not read them, and
-    leaving them out keeps the digest about authority, not wording.
-    """
-    document: dict[str, Any] = {
-        "tools": {name: _compile_tool(tool) for name, tool in sorted(catalogue.tools.items())},
-        "task_types": {
-            name: {"tools": dict.fromkeys(spec.tools, True)}
-            for name, spec in sorted(catalogue.task_types.items())
-        },
-        "budget_classes": {
-            name: {"admits": {cost.value: True for cost in spec.admitted}}
-            for name, spec in sorted(catalogue.budget_classes.items())
-        },
-        "roles": {name: {} for name in sorted(catalogue.roles)},
-    }
-    document["meta"] = {
-        "digest": catalogue_digest(document),
-        "tool_count": len(catalogue.tools),
-    }
-    return document

@@ -1,0 +1,7 @@
+"""The OPA side: find the binary, write bundles, run OPA, ask it for decisions.
+
+``binary`` finds and version-checks OPA; ``policies`` locates the Rego shipped with
+capgate; ``bundle`` writes policies plus compiled catalogue; ``process`` runs a
+private OPA; ``client`` asks for decisions and fails closed; ``sidecar`` picks an
+external or embedded OPA and checks it serves our catalogue.
+"""
