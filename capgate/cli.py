@@ -1,19 +1,21 @@
-"""``capgate``: the command line for policy authors and operators.
+"""``capgate``: the command line for operators and policy authors.
 
-    capgate demo                                   run both worked examples against a real OPA
-    capgate check CATALOGUE_DIR                    validate a catalogue, print every problem
-    capgate bundle CATALOGUE_DIR OUT_DIR           write an OPA bundle (policies + compiled data)
-    capgate eval compose|execute INPUT --catalogue CATALOGUE_DIR [--opa URL] [--json]
+    capgate demo                          run both worked examples against a real OPA
+    capgate doctor [--catalogue DIR]      show what is in use (versions, OPA, policies) and check it
+    capgate check CATALOGUE_DIR           validate a catalogue, print every problem
+    capgate bundle CATALOGUE_DIR OUT_DIR  write an OPA bundle (policies + compiled data)
+    capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json]
 
-``eval`` validates the input file (JSON or YAML) against the same models the
-dispatcher uses, asks OPA, and prints the decision with every reason. Exit status:
-0 allowed (or composed), 3 denied, 2 bad input / catalogue / OPA unavailable.
+Every command exits 0 on success and 2 on an error (bad input, catalogue or
+address; OPA unavailable); ``eval`` exits 3 for a denied call, ``demo`` 1 when an
+expectation of the demo did not hold, and any command 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,16 +24,41 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.errors import CapgateError, InvalidInput
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.opa.bundle import write_bundle
 from gateway.opa.sidecar import PolicySidecar
+from gateway.version import __version__
 
-__all__ = ["main"]
+__all__ = ["EXIT_DEMO_FAILED", "EXIT_DENIED", "EXIT_ERROR", "EXIT_OK", "main"]
 
-EXIT_OK, EXIT_ERROR, EXIT_DENIED = 0, 2, 3
+EXIT_OK, EXIT_DEMO_FAILED, EXIT_ERROR, EXIT_DENIED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+_EXITS = {
+    "common": [(EXIT_OK, "success"), (EXIT_ERROR, "error: bad input, catalogue or address")],
+    "eval": [
+        (EXIT_OK, "allowed (execute) or composed (compose)"),
+        (EXIT_DENIED, "denied (execute)"),
+        (EXIT_ERROR, "error: bad input or catalogue, OPA unavailable or its answer refused"),
+    ],
+    "demo": [
+        (EXIT_OK, "every expectation of the demo held"),
+        (EXIT_DEMO_FAILED, "an expectation did not hold (the trace says which)"),
+        (EXIT_ERROR, "error: OPA could not be started or asked"),
+    ],
+    "doctor": [
+        (EXIT_OK, "every check passed"),
+        (EXIT_ERROR, "a check failed (its line says why and how to fix it)"),
+    ],
+}
+
+
+def _exit_codes(kind: str) -> str:
+    rows = sorted([*_EXITS.get(kind, _EXITS["common"]), (EXIT_INTERRUPTED, "interrupted (Ctrl-C)")])
+    return "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in rows)
 
 
 def _read_input(path: Path) -> Any:
@@ -115,28 +142,77 @@ def _demo(_: argparse.Namespace) -> int:
     return run_demo()
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from capgate.doctor import run_doctor
+
+    note = ""
+    catalogue = args.catalogue
+    if catalogue is None:
+        catalogue, note = (
+            demo_catalogue_dir("sales"),
+            " (the demo catalogue; pick yours with --catalogue)",
+        )
+    checks = run_doctor(catalogue, opa_url=args.opa, opa_binary=args.opa_bin, catalogue_note=note)
+    if args.json:
+        print(json.dumps([vars(c) for c in checks], indent=2, default=str))
+    else:
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            mark = "ok  " if check.ok else "FAIL"
+            print(f"{mark} {check.name:<{width}}  {check.detail}")
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_ERROR
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="capgate", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    sub.add_parser("demo", help="run the worked examples against a real OPA").set_defaults(
-        run=_demo
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="capgate",
+        description="Policy-engine-backed authorisation for AI-agent tools: "
+        "the command line for operators and policy authors.",
+        epilog=_exit_codes("common").replace(
+            "exit status:",
+            "exit status (see each command's --help for its own):",
+        ),
+        formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"capgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = sub.add_parser("check", help="validate a catalogue folder")
+    def command(name: str, help: str, exits: str = "common") -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, description=help, epilog=_exit_codes(exits), formatter_class=formatter
+        )
+
+    command("demo", "run the worked examples against a real OPA", "demo").set_defaults(run=_demo)
+
+    doctor = command(
+        "doctor",
+        "show the capgate version, OPA binary, policies, catalogue and OPA address in use, "
+        "and check that OPA answers with that catalogue",
+        "doctor",
+    )
+    doctor.add_argument("--catalogue", type=Path, help="catalogue folder (default: the demo's)")
+    doctor.add_argument(
+        "--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)"
+    )
+    doctor.add_argument("--opa-bin", type=Path, help="OPA binary to check and run")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.set_defaults(run=_doctor)
+
+    check = command("check", "validate a catalogue folder and print its digest")
     check.add_argument("catalogue", type=Path)
     check.set_defaults(run=_check)
 
-    bundle = sub.add_parser("bundle", help="write an OPA bundle for a catalogue")
+    bundle = command("bundle", "write an OPA bundle (policies + compiled catalogue)")
     bundle.add_argument("catalogue", type=Path)
     bundle.add_argument("out", type=Path)
     bundle.set_defaults(run=_bundle)
 
-    ev = sub.add_parser("eval", help="evaluate an input file against the policies")
+    ev = command("eval", "evaluate an input file against the policies", "eval")
     ev.add_argument("question", choices=["compose", "execute"])
     ev.add_argument("input", type=Path, help="input document, JSON or YAML")
     ev.add_argument("--catalogue", type=Path, required=True, help="catalogue folder")
-    ev.add_argument("--opa", help="external OPA address (default: start an embedded OPA)")
+    ev.add_argument("--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)")
     ev.add_argument("--json", action="store_true", help="print the decision as JSON")
     ev.set_defaults(run=_eval)
     return parser
@@ -149,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CapgateError as exc:
         print(f"capgate: error [{exc.code}]: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (`capgate demo | head`): not an error of ours. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (ValueError, OSError) as exc:
         # A bad --opa address, an output folder that is not ours to replace, an
         # unreadable file: the user's to fix, so a message, not a traceback.
@@ -156,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("capgate: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return code
 
 

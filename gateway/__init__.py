@@ -20,6 +20,7 @@ from gateway.errors import (
     OPAProcessError,
     PolicyUnavailable,
     ToolFailed,
+    ToolNotInCatalogue,
     ToolNotRegistered,
 )
 from gateway.model.contracts import Catalogue, ToolContract
@@ -36,6 +37,7 @@ from gateway.model.facts import (
 from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
 from gateway.opa.client import PolicyClient
 from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.version import __version__
 
 __all__ = [
     "OPA_URL_ENV",
@@ -70,10 +72,12 @@ __all__ = [
     "Task",
     "ToolContract",
     "ToolFailed",
+    "ToolNotInCatalogue",
     "ToolNotRegistered",
     "ToolRefused",
     "ToolRegistry",
     "ToolRetryable",
+    "__version__",
     "compile_catalogue",
     "load_catalogue",
     "params_digest",

@@ -66,8 +66,8 @@ def _dispatcher(
     # A generous timeout: the demo runs on busy shared machines too, and a flaky demo
     # teaches nothing. Services keep the short default (docs/architecture.md).
     with PolicySidecar(catalogue, timeout=5.0) as sidecar:
-        where = f"embedded OPA pid {sidecar.process.pid}" if sidecar.process else "external OPA"
-        trace.say(f"  ({where}, catalogue {sidecar.expected_digest[:19]}...)")
+        for line in sidecar.describe_lines():
+            trace.say(f"  {line}")
         yield Dispatcher(catalogue, sidecar.client, registry, observer=trace.observe)
 
 

@@ -44,7 +44,7 @@ from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetr
 
 __all__ = ["DecisionEvent", "Dispatcher", "PolicyDecider"]
 
-log = logging.getLogger("capgate.dispatcher")
+log = logging.getLogger("capgate.dispatch")
 
 
 @dataclass(frozen=True, slots=True)

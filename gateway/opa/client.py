@@ -58,7 +58,7 @@ __all__ = [
     "PolicyClient",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("capgate.opa.client")
 
 COMPOSE_PATH: Final = "capgate/compose/decision"
 EXECUTE_PATH: Final = "capgate/execute/decision"

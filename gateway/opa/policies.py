@@ -38,13 +38,18 @@ _PACKAGED: Final = _PACKAGE_DIR / "_policies"
 
 @dataclass(frozen=True, slots=True)
 class PoliciesLocation:
-    """A policies folder and how it was chosen (``env``, ``package`` or ``checkout``)."""
+    """A policies folder and how it was chosen.
+
+    ``source`` is ``env``, ``package`` or ``checkout`` (see :func:`locate_policies`),
+    or ``argument`` when a caller named the folder itself.
+    """
 
     path: Path
     source: str
 
     def describe(self) -> str:
         how = {
+            "argument": "given by the caller",
             "env": f"from ${POLICIES_ENV}",
             "package": "shipped in the installed package",
             "checkout": "the source checkout's policies/",

@@ -10,6 +10,7 @@ tools that OPA judges by other rules.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -19,11 +20,15 @@ from types import TracebackType
 from gateway.catalogue import compile_catalogue
 from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
+from gateway.opa.binary import OPABinary
 from gateway.opa.bundle import write_bundle
 from gateway.opa.client import DEFAULT_TIMEOUT, PolicyClient
+from gateway.opa.policies import PoliciesLocation, locate_policies
 from gateway.opa.process import EmbeddedOPA
 
 __all__ = ["OPA_URL_ENV", "PolicySidecar"]
+
+log = logging.getLogger("capgate.opa.sidecar")
 
 #: Environment variable naming an external OPA, e.g. ``http://127.0.0.1:8181``.
 OPA_URL_ENV = "CAPGATE_OPA_URL"
@@ -39,21 +44,31 @@ class PolicySidecar:
         opa_url: str | None = None,
         timeout: float | None = None,
         policies_dir: Path | None = None,
+        opa_binary: Path | None = None,
     ) -> None:
         self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
         url = opa_url or os.environ.get(OPA_URL_ENV) or None
         self.process: EmbeddedOPA | None = None
+        #: The policies bundled for the embedded OPA; None for an external OPA,
+        #: which serves whatever bundle its operator gave it.
+        self.policies: PoliciesLocation | None = None
         self._client: PolicyClient | None = None
         self._bundle_root: Path | None = None
         try:
             if url is None:
+                self.policies = (
+                    locate_policies()
+                    if policies_dir is None
+                    else PoliciesLocation(Path(policies_dir).resolve(), "argument")
+                )
                 self._bundle_root = Path(tempfile.mkdtemp(prefix="capgate-bundle-"))
-                bundle = write_bundle(catalogue, self._bundle_root / "bundle", policies_dir)
-                self.process = EmbeddedOPA(bundle)
+                bundle = write_bundle(catalogue, self._bundle_root / "bundle", self.policies.path)
+                self.process = EmbeddedOPA(bundle, opa_binary=opa_binary)
                 self.process.start()
                 url = self.process.address
             self._client = PolicyClient(url, timeout=timeout or DEFAULT_TIMEOUT)
             self._check_catalogue(self._client)
+            log.info("%s", self.describe())
         except BaseException:
             # Whatever failed (a bad address, OPA not starting, the wrong catalogue,
             # Ctrl-C), nothing we started may outlive this constructor.
@@ -70,6 +85,25 @@ class PolicySidecar:
     @property
     def embedded(self) -> bool:
         return self.process is not None
+
+    @property
+    def opa_binary(self) -> OPABinary | None:
+        """The OPA binary the embedded process runs; None for an external OPA."""
+        return self.process.binary if self.process is not None else None
+
+    def describe_lines(self) -> list[str]:
+        """Which OPA, policies and catalogue are in use, one line each."""
+        if self.process is None or self.policies is None or self.process.binary is None:
+            return [f"OPA: external, {self.client.address}", f"catalogue: {self.expected_digest}"]
+        return [
+            f"OPA: embedded, {self.process.binary.describe()}, pid {self.process.pid}",
+            f"policies: {self.policies.describe()}",
+            f"catalogue: {self.expected_digest}",
+        ]
+
+    def describe(self) -> str:
+        """:meth:`describe_lines` as one line, for logs."""
+        return "; ".join(self.describe_lines())
 
     def _check_catalogue(self, client: PolicyClient) -> None:
         served = client.catalogue_digest()

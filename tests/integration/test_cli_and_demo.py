@@ -110,3 +110,67 @@ def test_cli_bad_opa_address_is_an_error_not_a_traceback(capsys):
     )
     assert code == EXIT_ERROR
     assert "loopback IP literal" in capsys.readouterr().err
+
+
+# -- version, help, doctor ---------------------------------------------------------
+
+
+def test_version_prints_the_distribution_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"capgate {version('capgate')}"
+
+
+@pytest.mark.parametrize(
+    ("command", "codes"),
+    [
+        ([], ["0", "2", "130"]),
+        (["eval"], ["0", "2", "3", "130"]),
+        (["demo"], ["0", "1", "2", "130"]),
+        (["doctor"], ["0", "2", "130"]),
+        (["check"], ["0", "2", "130"]),
+        (["bundle"], ["0", "2", "130"]),
+    ],
+)
+def test_every_help_lists_its_exit_codes(command, codes, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    section = out[out.index("exit status") :]
+    listed = [line.split()[0] for line in section.splitlines()[1:] if line.strip()]
+    assert listed == codes
+
+
+def test_doctor_reports_what_is_in_use_and_checks_it(capsys):
+    assert main(["doctor", "--catalogue", SALES, "--json"]) == EXIT_OK
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert all(c["ok"] for c in checks.values())
+    repo = Path(__file__).resolve().parents[2]
+    assert checks["opa binary"]["facts"]["version"] == "1.22.4"
+    assert checks["policies"]["facts"]["path"] == str(repo / "policies")
+    assert checks["catalogue"]["facts"]["digest"].startswith("sha256:")
+    assert checks["opa address"]["facts"]["embedded"] is True
+    assert checks["opa address"]["facts"]["address"].startswith("unix://")
+
+
+def test_doctor_names_each_failure_and_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CAPGATE_OPA_BIN", str(tmp_path / "no-opa"))
+    assert main(["doctor", "--catalogue", str(tmp_path)]) == EXIT_ERROR
+    out = capsys.readouterr().out
+    failed = [line.split()[1:3] for line in out.splitlines() if line.startswith("FAIL")]
+    assert failed == [["opa", "binary"], ["catalogue", str(tmp_path) + ":"]]
+    assert "CAPGATE_OPA_BIN" in out
+
+
+def test_doctor_checks_an_external_opa_against_the_catalogue(tmp_path, capsys):
+    assert main(["bundle", SALES, str(tmp_path / "bundle")]) == EXIT_OK
+    capsys.readouterr()
+    with external_opa(tmp_path / "bundle", tmp_path / "opa.log") as server:
+        assert main(["doctor", "--catalogue", SALES, "--opa", server.address]) == EXIT_OK
+        assert f"external, {server.address}" in capsys.readouterr().out
+        oracle = str(demo_catalogue_dir("oracle-grove"))
+        assert main(["doctor", "--catalogue", oracle, "--opa", server.address]) == EXIT_ERROR
+        assert "FAIL opa address" in capsys.readouterr().out

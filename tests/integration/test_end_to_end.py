@@ -260,7 +260,7 @@ def test_killed_opa_fails_closed_and_tool_is_never_entered(sales_catalogue, desk
 
 
 def test_denials_are_logged_by_python_with_codes_but_no_facts(dispatcher, sales_sidecar, caplog):
-    caplog.set_level(logging.INFO, logger="capgate.dispatcher")
+    caplog.set_level(logging.INFO, logger="capgate.dispatch")
     secret_subject = "inv-SECRET-77"
     with pytest.raises(CapabilityViolation) as caught:
         dispatcher.call(facts(), "payment.execute", {**PAYMENT, "invoice_id": secret_subject})

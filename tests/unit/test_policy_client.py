@@ -348,11 +348,11 @@ def test_query_returns_result_and_decision_id() -> None:
 def test_debug_log_has_path_latency_and_decision_id_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="gateway.opa.client")
+    caplog.set_level(logging.DEBUG, logger="capgate.opa.client")
     handler = answer({"result": EXECUTE_RESULT, "decision_id": DECISION_ID})
     with client_for(handler) as client:
         client.execute(execute_facts())
-    (record,) = [r for r in caplog.records if r.name == "gateway.opa.client"]
+    (record,) = [r for r in caplog.records if r.name == "capgate.opa.client"]
     assert record.levelno == logging.DEBUG
     assert EXECUTE_PATH in record.getMessage()
     assert DECISION_ID in record.getMessage()

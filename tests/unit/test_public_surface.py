@@ -10,8 +10,8 @@ EXPECTED = {
     "InvalidInput", "OPAProcessError", "Obligation", "ObligationUnsupported", "Outcome",
     "OutcomeStatus", "PolicyClient", "PolicyDecider", "PolicySidecar", "PolicyUnavailable",
     "Principal", "Reason", "ResourceRef", "Task", "ToolContract", "ToolFailed",
-    "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable", "compile_catalogue",
-    "load_catalogue", "params_digest",
+    "ToolNotInCatalogue", "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable",
+    "compile_catalogue", "load_catalogue", "params_digest", "__version__",
 }  # fmt: skip
 
 
@@ -37,5 +37,12 @@ def test_error_codes_are_stable_and_unique():
         "CapabilityViolation": "capability_denied",
         "ObligationUnsupported": "obligation_unsupported",
         "ToolNotRegistered": "tool_not_registered",
+        "ToolNotInCatalogue": "tool_not_in_catalogue",
         "ToolFailed": "tool_failed",
     }
+
+
+def test_version_is_the_distributions():
+    from importlib.metadata import version
+
+    assert gateway.__version__ == version("capgate")

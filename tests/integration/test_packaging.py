@@ -1,0 +1,178 @@
+"""capgate installed from its wheel, in a fresh virtual environment outside the checkout.
+
+A service installs capgate with pip; it has no checkout, no ``policies/`` folder and
+no ``.tools``. This test builds the wheel from the project's files, installs it
+offline (dependencies from the wheelhouse ``make setup`` fills), and then, from a
+folder that is not the checkout, runs a compose and a call against a real OPA and
+asks ``capgate doctor`` what it uses: the policies must come from the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = REPO / ".tools" / "wheelhouse"
+OPA = REPO / ".tools" / "bin" / "opa"
+
+
+def _run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False, **kw)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{args[:3]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the project's files (not the working folders)."""
+    source = tmp_path_factory.mktemp("source")
+    listed = _run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            target = source / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, target)
+    out = tmp_path_factory.mktemp("dist")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            ".",
+        ],
+        cwd=source,
+    )
+    (built,) = out.glob("capgate-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    assert any(WHEELHOUSE.glob("*.whl")), (
+        f"{WHEELHOUSE} holds no wheels: run `make setup`, which fills it with capgate's "
+        "runtime dependencies so this test can install offline"
+    )
+    home = tmp_path_factory.mktemp("service")
+    _run([sys.executable, "-m", "venv", str(home / "venv")])
+    python = home / "venv" / "bin" / "python"
+    _run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-index",
+         "--find-links", str(WHEELHOUSE), str(wheel)],
+    )  # fmt: skip
+    return home
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """A service's environment: no checkout on any path, no venv of ours active."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CAPGATE_", "PYTHON", "VIRTUAL_ENV"))
+    }
+    env["PATH"] = "/usr/bin:/bin"
+    env.update(extra)
+    return env
+
+
+def test_the_wheel_carries_every_module_the_policies_and_the_demo(wheel: Path):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package in ("gateway", "adapters", "capgate"):
+        for path in (REPO / package).rglob("*.py"):
+            assert str(path.relative_to(REPO)) in names
+        assert f"{package}/py.typed" in names
+    policies = {
+        f"gateway/_policies/{p.relative_to(REPO / 'policies')}"
+        for p in (REPO / "policies").rglob("*.rego")
+        if not p.name.endswith("_test.rego")
+    }
+    assert policies
+    assert policies <= names
+    assert not [n for n in names if n.endswith("_test.rego")]
+    for catalogue in ("sales", "oracle-grove"):
+        assert f"capgate/demo/catalogues/{catalogue}/tools.yaml" in names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "policies/"))]
+
+
+SERVICE = textwrap.dedent("""\
+    import json
+    from adapters.in_process import InProcessTools
+    from capgate.demo import demo_catalogue_dir
+    from gateway import ComposeInput, Dispatcher, PolicySidecar, ToolRegistry, load_catalogue
+
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    tools = InProcessTools()
+    tools.register("contact.read", "Read one contact.",
+                   lambda contact_id: {"contact_id": contact_id, "name": "Ada",
+                                       "email": "ada@example.test"})
+    facts = ComposeInput.model_validate({
+        "principal": {"agent": "a", "role": "sales", "tenant": "acme"},
+        "task": {"type": "customer_quote", "linked_resources": [{"type": "contact", "id": "c-1"}]},
+        "connections": {"crm": "active"},
+        "environment": "production",
+        "budget_class": "standard",
+    })
+    with PolicySidecar(catalogue) as sidecar:
+        dispatcher = Dispatcher(catalogue, sidecar.client, ToolRegistry(tools))
+        visible = sorted(dispatcher.compose(facts).visible)
+        outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c-1"})
+        print(json.dumps({"visible": visible, "status": outcome.status.value,
+                          "result": outcome.result, "policies": str(sidecar.policies.path),
+                          "source": sidecar.policies.source}))
+""")
+
+
+def test_a_service_composes_and_calls_from_the_installed_wheel(venv: Path):
+    (venv / "service.py").write_text(SERVICE)
+    done = _run(
+        [str(venv / "venv" / "bin" / "python"), "service.py"],
+        cwd=venv,
+        env=_env(CAPGATE_OPA_BIN=str(OPA)),
+    )
+    answer = json.loads(done.stdout)
+    assert answer["visible"] == ["contact.read", "quote.propose"]
+    assert answer["status"] == "success"
+    assert answer["result"]["contact_id"] == "c-1"
+    assert answer["source"] == "package"
+    assert Path(answer["policies"]).is_relative_to(venv / "venv")
+
+
+def test_doctor_in_the_installed_package_shows_what_is_in_use(venv: Path):
+    doctor = venv / "venv" / "bin" / "capgate"
+    done = _run([str(doctor), "doctor", "--json"], cwd=venv, env=_env(CAPGATE_OPA_BIN=str(OPA)))
+    checks = {c["name"]: c for c in json.loads(done.stdout)}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert checks["capgate"]["facts"]["checkout"] is False
+    assert checks["policies"]["facts"]["source"] == "package"
+    assert checks["opa binary"]["facts"]["source"] == "env"
+    version = _run([str(doctor), "--version"], cwd=venv, env=_env()).stdout.strip()
+    assert version.startswith("capgate ")
+
+
+def test_without_any_opa_the_installed_package_says_how_to_get_one(venv: Path):
+    doctor = venv / "venv" / "bin" / "capgate"
+    done = subprocess.run(
+        [str(doctor), "doctor"], cwd=venv, env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    line = next(row for row in done.stdout.splitlines() if "opa binary" in row)
+    assert line.startswith("FAIL")
+    assert "go install github.com/open-policy-agent/opa@v1.22.4" in line
+    assert ".tools" not in line.split("looked at")[1].split(")")[0]
