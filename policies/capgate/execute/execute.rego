@@ -238,12 +238,22 @@ _approval_digest_matches if {
 	input.approval.digest == _call.params_digest
 }
 
-# Undefined when expires_at is missing, not a string or not RFC 3339 (the parse
-# error leaves the rule undefined), so a malformed expiry reads as expired.
+# Undefined when expires_at is missing, not a string or not strict RFC 3339, so a
+# malformed expiry reads as expired. The shape is checked before parsing because
+# Go's parser is more lenient than RFC 3339 (a one-digit hour, a +24:00 or +02:60
+# offset, a comma before the fraction) and refuses the lower-case "t" and "z" that
+# RFC 3339 section 5.6 allows; the parser then checks the calendar (no 30 February).
 _is_approval_unexpired if {
 	is_string(input.approval.expires_at)
-	time.parse_rfc3339_ns(input.approval.expires_at) > time.now_ns()
+	regex.match(_rfc3339_date_time, input.approval.expires_at)
+	time.parse_rfc3339_ns(upper(input.approval.expires_at)) > time.now_ns()
 }
+
+_rfc3339_date_time := concat("", [
+	`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])`,
+	`[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?`,
+	`([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`,
+])
 
 # evidence_missing
 

@@ -84,6 +84,48 @@ _malformed_cases := {
 		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01"}}),
 		"codes": {"approval_expired"},
 	},
+	# Far in the future, but not strict RFC 3339: each reads as expired, although
+	# Go's time parser accepts the first four.
+	"expiry with a one-digit hour": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T0:00:00Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry with a +24:00 offset": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00:00+24:00"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry with a +02:60 offset": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00:00+02:60"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry with a comma fraction": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00:00,5Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry without seconds": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry with a space for the T": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01 00:00:00Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry without a time zone": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00:00"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry on 30 February": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-02-30T00:00:00Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry in month 13": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-13-01T00:00:00Z"}}),
+		"codes": {"approval_expired"},
+	},
+	"expiry followed by a newline": {
+		"input": object.union(_base, {"approval": {"expires_at": "2099-01-01T00:00:00Z\n"}}),
+		"codes": {"approval_expired"},
+	},
 	"expiry a number": {
 		"input": object.union(_base, {"approval": {"expires_at": 4102444800}}),
 		"codes": {"approval_expired"},

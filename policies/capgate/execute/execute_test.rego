@@ -70,6 +70,14 @@ _allow_cases := {
 		"patch": {"approval": {"expires_at": "2026-11-30T11:00:01Z"}},
 		"obligations": {"pass_idempotency_key"},
 	},
+	"expiry with lower-case t and z, as RFC 3339 allows": {
+		"patch": {"approval": {"expires_at": "2026-11-30t11:00:01z"}},
+		"obligations": {"pass_idempotency_key"},
+	},
+	"expiry with a fraction of a second": {
+		"patch": {"approval": {"expires_at": "2026-11-30T11:00:00.25Z"}},
+		"obligations": {"pass_idempotency_key"},
+	},
 	"extra evidence is harmless": {
 		"patch": {"evidence": ["current_quote_revision", "verified_recipient", "other"]},
 		"obligations": {"pass_idempotency_key"},
