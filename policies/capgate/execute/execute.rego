@@ -149,8 +149,8 @@ reasons contains {"code": "subject_out_of_scope", "message": message} if {
 	])
 }
 
-# Not in the table of policy-interface.md: the pass_idempotency_key obligation needs
-# the operation id, and an allow without a usable key must not happen.
+# The pass_idempotency_key obligation needs the operation id, and an allow without
+# a usable key must not happen.
 reasons contains {"code": "operation_id_missing", "message": message} if {
 	_is_known_tool
 	not _has_idempotency_key
