@@ -1,38 +1,44 @@
 # One entry point for every developer task. Each target sets up what it needs first
 # (scripts/setup.sh is idempotent and takes about a second once everything is there).
+# `make help` lists the targets: the text after "##" on each target's line.
 
 VENV := .venv/bin
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup demo test policy-test lint typecheck unit integration bench clean
+.PHONY: setup help demo test policy-test lint typecheck unit integration bench clean
 
-setup:
+# The first target is the default: a bare `make` sets up and stops.
+setup: ## build the pinned OPA and Regal, create .venv, fill .tools/wheelhouse (idempotent)
 	@bash scripts/setup.sh
 
-demo: setup
+help: ## list the targets with what each does
+	@echo "make targets (setup is the default):"
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+demo: setup ## run both worked examples against a real OPA
 	$(VENV)/capgate demo
 
-test: policy-test lint typecheck unit integration
+test: policy-test lint typecheck unit integration ## run every gate (what CI runs)
 	@echo "make test: every gate passed"
 
-policy-test: setup
+policy-test: setup ## Rego gate: opa fmt, opa check --strict, regal lint, opa test + coverage
 	@bash scripts/policy-gate.sh
 
-lint: setup
+lint: setup ## ruff check and ruff format --check over the Python code and tests
 	$(VENV)/ruff check gateway adapters capgate tests benchmarks
 	$(VENV)/ruff format --check gateway adapters capgate tests benchmarks
 
-typecheck: setup
+typecheck: setup ## strict mypy over gateway, adapters and capgate
 	$(VENV)/mypy
 
-unit: setup
+unit: setup ## fast tests of the Python logic (no OPA)
 	$(VENV)/python -m pytest -m "not integration" tests
 
-integration: setup
+integration: setup ## tests against a real OPA process, and of the set-up scripts
 	$(VENV)/python -m pytest -m integration tests
 
-bench: setup
+bench: setup ## measure compose times by catalogue size into docs/benchmarks.md
 	$(VENV)/python benchmarks/compose_scaling.py --output docs/benchmarks.md
 
-clean:
+clean: ## remove .tools (binaries, logs, wheelhouse), .venv and the tool caches
 	rm -rf .tools .venv .mypy_cache .pytest_cache .ruff_cache

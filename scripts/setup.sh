@@ -1,38 +1,205 @@
 #!/usr/bin/env bash
 # Set up everything capgate needs on a fresh machine, idempotently:
-#   1. the pinned OPA and Regal binaries in .tools/bin (built from the Go module proxy);
-#   2. a virtual environment in .venv with capgate installed editable, with dev extras.
-# A second run with nothing changed finishes in about a second.
+#   1. the pinned OPA and Regal binaries in .tools/bin (scripts/install-tools.sh);
+#   2. a virtual environment in .venv with capgate installed editable, with the dev and
+#      mcp extras, stamped with the hash of pyproject.toml and the checkout's path;
+#   3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
+#      tests/integration/test_packaging.py can install the built wheel offline.
+#
+#   scripts/setup.sh          set up whatever is missing or stale
+#   scripts/setup.sh --check  change nothing; exit 0 when all of it is up to date
+#
+# Each step prints one progress line (scripts/lib/step.sh) and keeps pip's and Go's
+# output in .tools/logs/ (or $CAPGATE_LOG_DIR), shown on failure, so a first `make demo` still starts its
+# trace near the top of the screen. A second run with nothing changed takes about a
+# second and prints one "up to date" line per part.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Physical path (-P): it is compared below with paths Python resolves, and a checkout
+# reached through a symlink must not look like a copy of itself.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$root"
+# shellcheck source=scripts/lib/step.sh
+source scripts/lib/step.sh
 
-bash scripts/install-tools.sh
+mode=build
+case "${1:-}" in
+  "") ;;
+  --check) mode=check ;;
+  *)
+    echo "usage: $0 [--check]" >&2
+    exit 2
+    ;;
+esac
 
+logs="${CAPGATE_LOG_DIR:-$root/.tools/logs}"
+stale=0 # --check: set when anything is missing or out of date
+
+# 1. Tools.
+if [ "$mode" = check ]; then
+  bash scripts/install-tools.sh --check || stale=1
+else
+  CAPGATE_LOG_DIR="$logs" bash scripts/install-tools.sh
+fi
+
+# 2. The virtual environment.
 python="${PYTHON:-python3}"
 venv="$root/.venv"
 stamp="$venv/.capgate-installed"
-want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+pyproject_sum="$(sha256sum pyproject.toml)"
+want="pyproject.toml ${pyproject_sum%% *}
+checkout $root"
 
-if [ ! -x "$venv/bin/python" ]; then
-  echo "setup: creating $venv"
-  "$python" -m venv "$venv"
-fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing capgate (editable, with dev and mcp extras) into .venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  log="$venv/pip-install.log"
-  # Show a line per package as progress; keep pip's whole output, and its exit
-  # status, in the log so a failure is reported, never swallowed by the filter.
-  { "$venv/bin/python" -m pip install --progress-bar off -e ".[dev,mcp]" 2>&1; echo "pip-exit=$?"; } \
-    | tee "$log" | grep --line-buffered -E "^(Collecting|Successfully installed)" || true
-  if ! grep -qx "pip-exit=0" "$log"; then
-    echo "setup: pip install failed; the end of $log:" >&2
-    tail -n 30 "$log" >&2
-    exit 1
+# The checkout the venv's capgate is installed from (nothing when it is not installed).
+# find_spec locates the package the way `import gateway` would, without running it, so
+# a half-edited gateway/ cannot pass for a broken venv. -I: run from this checkout,
+# plain `python -c` would find ./gateway through the current folder and always agree.
+installed_from() {
+  "$venv/bin/python" -I -c '
+import importlib.util, os
+spec = importlib.util.find_spec("gateway")
+if spec is not None and spec.origin:
+    print(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
+' 2>/dev/null || true
+}
+
+# Why the venv cannot be kept, in words; nothing when it can. A checkout copied or moved
+# with its .venv keeps a venv whose scripts run the old folder's python and whose
+# editable install imports the old folder's code: tests would pass against code that
+# is not the code being edited. Such a venv cannot be repaired in place; recreate it.
+venv_defect() {
+  local first="" second="" from
+  [ -e "$venv" ] || return 0
+  if ! "$venv/bin/python" -c '' 2>/dev/null; then
+    echo "its python does not run"
+    return 0
   fi
-  echo "$want" > "$stamp"
-else
-  echo "setup: .venv is up to date"
+  if [ ! -f "$venv/bin/pip" ]; then
+    echo "it has no bin/pip"
+    return 0
+  fi
+  { IFS= read -r first || true; IFS= read -r second || true; } <"$venv/bin/pip"
+  # pip writes "#!<venv>/bin/python", or for a long or spaced path a /bin/sh line
+  # followed by "'''exec' "<venv>/bin/python" ...". Match whole paths, not substrings:
+  # /a/work/main/.venv contains /work/main/.venv.
+  case "$first" in
+    "#!$venv/bin/python" | "#!$venv/bin/python3" | "#!$venv/bin/python3."*) ;;
+    "#!/bin/sh")
+      if [[ $second != "'''exec' \"$venv/bin/python"* ]]; then
+        echo "its pip runs another python ($second)"
+        return 0
+      fi
+      ;;
+    *)
+      echo "its pip runs another venv's python (${first#\#!})"
+      return 0
+      ;;
+  esac
+  from="$(installed_from)"
+  if [ -n "$from" ] && [ "$from" != "$root" ]; then
+    echo "its capgate is installed from $from"
+  fi
+}
+
+# Runs inside run_step, in a bash of its own (see scripts/lib/step.sh); cwd is $root.
+# Upgrading pip here keeps its output in the log too.
+# shellcheck disable=SC2317 # called indirectly, by run_step
+install_venv() { # python, venv
+  local python="$1" venv="$2"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --progress-bar off --upgrade pip
+  "$venv/bin/python" -m pip install --progress-bar off -e ".[dev,mcp]"
+}
+export -f install_venv
+
+defect="$(venv_defect)"
+venv_ok=1
+if [ -n "$defect" ]; then
+  if [ "$mode" = check ]; then
+    echo "setup: .venv must be recreated: $defect"
+    stale=1
+    venv_ok=0
+  else
+    echo "setup: recreating .venv: $defect (a copied or moved checkout?)"
+    rm -rf "$venv"
+  fi
 fi
+
+if [ "$venv_ok" = 1 ]; then
+  need=""
+  if [ ! -x "$venv/bin/python" ]; then
+    need="create"
+  elif [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    need="pyproject.toml changed, or capgate was never installed here"
+  elif [ -z "$(installed_from)" ]; then
+    need="capgate is not installed in it"
+  fi
+  if [ -z "$need" ]; then
+    echo "setup: .venv is up to date"
+  elif [ "$mode" = check ]; then
+    echo "setup: .venv is not up to date: ${need/#create/there is none}"
+    stale=1
+  else
+    rm -f "$stamp"
+    if [ "$need" = create ]; then
+      doing="creating .venv and installing capgate (editable, dev and mcp extras)"
+    else
+      doing="installing capgate into .venv (editable, dev and mcp extras)"
+    fi
+    run_step "$doing" "installed capgate into .venv" "$logs/pip-install.log" \
+      install_venv "$python" "$venv"
+    from="$(installed_from)"
+    if [ "$from" != "$root" ]; then
+      echo "setup: pip installed capgate, but .venv imports it from '${from:-nowhere}'," \
+        "not $root; see $logs/pip-install.log" >&2
+      exit 1
+    fi
+    echo "$want" >"$stamp"
+  fi
+fi
+
+# 3. The wheelhouse. Its requirements.txt doubles as the stamp: it is the list the
+# wheels were fetched for, and it lands only with them (the folder is swapped in whole
+# after pip succeeds), so a failed fetch never leaves a wheelhouse that looks complete.
+wheelhouse="$root/.tools/wheelhouse"
+
+# shellcheck disable=SC2317 # called indirectly, by run_step
+fill_wheelhouse() { # venv python, wheelhouse, requirements
+  local python="$1" dest="$2" reqs="$3"
+  rm -rf "$dest.new"
+  mkdir -p "$dest.new"
+  printf '%s\n' "$reqs" >"$dest.new/requirements.txt"
+  "$python" -m pip wheel --progress-bar off --wheel-dir "$dest.new" \
+    -r "$dest.new/requirements.txt"
+  rm -rf "$dest"
+  mv "$dest.new" "$dest"
+}
+export -f fill_wheelhouse
+
+if [ "$venv_ok" = 1 ] && [ -x "$venv/bin/python" ]; then
+  # Read from pyproject.toml, never copied here: the list has one source of truth.
+  # The header names the interpreter and platform, because wheels are built for them.
+  reqs="$("$venv/bin/python" -I - "$root/pyproject.toml" <<'PY'
+import sys, sysconfig, tomllib
+
+with open(sys.argv[1], "rb") as f:
+    deps = tomllib.load(f)["project"]["dependencies"]
+print(f"# capgate's runtime dependencies (pyproject.toml), for "
+      f"{sys.implementation.cache_tag} on {sysconfig.get_platform()}")
+print("\n".join(deps))
+PY
+)"
+  if [ "$(cat "$wheelhouse/requirements.txt" 2>/dev/null || true)" = "$reqs" ] &&
+    compgen -G "$wheelhouse/*.whl" >/dev/null; then
+    echo "setup: .tools/wheelhouse is up to date"
+  elif [ "$mode" = check ]; then
+    echo "setup: .tools/wheelhouse is not up to date with pyproject.toml's dependencies"
+    stale=1
+  else
+    run_step "filling .tools/wheelhouse with the runtime dependencies" \
+      "filled .tools/wheelhouse with the runtime dependencies" \
+      "$logs/wheelhouse.log" fill_wheelhouse "$venv/bin/python" "$wheelhouse" "$reqs"
+  fi
+fi
+
+exit "$stale"
