@@ -27,21 +27,40 @@ OPA is started with:
   roots claims every path and OPA refuses both);
 - ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
 - ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
+
+Environment: OPA gets a minimal one, built here, never this process's. A policy can
+read OPA's whole environment through ``opa.runtime().env``, and a host environment
+holds cloud keys, tokens and database passwords. OPA needs none of it (no ``PATH``
+either: it is run by absolute path and runs nothing itself), so its environment is
+exactly::
+
+    HOME=<OPA folder>/home      0700, empty: nothing for OPA to find in a home
+    TMPDIR=<OPA folder>/tmp     0700: Go's temp files stay in the folder we remove
+
+plus whatever the caller passes as ``env=`` (``EmbeddedOPA(..., env=...)``,
+``PolicySidecar(..., opa_env=...)``), verbatim, for example ``GOMAXPROCS`` or
+``GOMEMLIMIT``. Anything passed there is readable by every policy. ``HOME`` and
+``TMPDIR`` cannot be overridden.
+
+Folders: OPA's folder is ``opa-<random>/`` inside this process's private run folder
+(:mod:`gateway.opa.workdir` has the layout and the rules: per-user root, 0700
+folders, owner record, removal on stop and at exit, sweeping of folders whose
+process died). It holds ``opa.sock`` (0600), ``opa.log`` (0600, OPA's stdout and
+stderr), ``home/``, ``tmp/`` and the generated log bundle, and is removed by
+``stop()``. A folder that cannot be written (disk full, say) fails ``start()`` with
+OPAProcessError naming it, and nothing is left behind.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -49,13 +68,15 @@ from typing import Final
 from gateway.errors import OPAProcessError
 from gateway.opa.binary import OPABinary, find_opa
 from gateway.opa.client import PolicyClient
+from gateway.opa.workdir import PrivateDir, private_dir, write_errors
 
-__all__ = ["EmbeddedOPA"]
+__all__ = ["RESERVED_ENV", "EmbeddedOPA"]
+
+#: Environment variables capgate sets for OPA itself; ``env=`` may not override them.
+RESERVED_ENV: Final = frozenset({"HOME", "TMPDIR"})
 
 _STOP_GRACE_SECONDS: Final = 5.0
 _LOG_TAIL_CHARS: Final = 4000
-# sun_path holds 108 bytes on Linux and 104 on macOS, terminating NUL included.
-_MAX_SOCKET_PATH: Final = 100
 _PR_SET_PDEATHSIG: Final = 1
 _LOG_BUNDLE: Final = "capgate-no-decision-log"
 _LOG_REGO: Final = """\
@@ -95,6 +116,9 @@ class EmbeddedOPA:
     Use as a context manager, or call :meth:`start` and :meth:`stop`. Pass
     :attr:`address` to :class:`gateway.opa.client.PolicyClient`. ``start`` returns
     only once OPA reports every bundle activated, so the first decision is real.
+
+    ``env`` adds variables to OPA's otherwise minimal environment (see the module
+    docstring); every policy can read them through ``opa.runtime().env``.
     """
 
     def __init__(
@@ -103,13 +127,17 @@ class EmbeddedOPA:
         *,
         opa_binary: Path | None = None,
         startup_timeout: float = 15.0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.opa_binary = opa_binary
         self.startup_timeout = startup_timeout
+        #: The variables added to OPA's environment, as given.
+        self.env: dict[str, str] = _checked_env(env)
         #: The binary actually run, known once :meth:`start` has found it.
         self.binary: OPABinary | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: PrivateDir | None = None
         self._dir: Path | None = None
 
     # -- properties --------------------------------------------------------------
@@ -127,6 +155,12 @@ class EmbeddedOPA:
     def log_path(self) -> Path:
         """OPA's stdout and stderr. Removed with the private directory on stop."""
         return self._require_dir() / "opa.log"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """Exactly the environment OPA runs with (known once started)."""
+        directory = self._require_dir()
+        return {**self.env, "HOME": str(directory / "home"), "TMPDIR": str(directory / "tmp")}
 
     @property
     def pid(self) -> int:
@@ -166,11 +200,19 @@ class EmbeddedOPA:
         binary = self.binary.path
         if not self.bundle_dir.exists():
             raise OPAProcessError(f"bundle {self.bundle_dir} does not exist")
-        self._dir = _private_dir()
+        self._workdir = private_dir("opa")
+        self._dir = self._workdir.path
         log_bundle = self._dir / _LOG_BUNDLE
-        (log_bundle / "system" / "log").mkdir(parents=True)
-        (log_bundle / ".manifest").write_text('{"roots": ["system/log"]}\n')
-        (log_bundle / "system" / "log" / "drop.rego").write_text(_LOG_REGO)
+        with write_errors(self._dir, "the embedded OPA's files", every_error=True):
+            for private in ("home", "tmp"):
+                (self._dir / private).mkdir(mode=0o700)
+            (log_bundle / "system" / "log").mkdir(parents=True)
+            (log_bundle / ".manifest").write_text('{"roots": ["system/log"]}\n')
+            (log_bundle / "system" / "log" / "drop.rego").write_text(_LOG_REGO)
+            # 0600 from the start: OPA's errors can quote policy and data.
+            log_fd = os.open(
+                self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+            )
         args = [
             str(binary),
             "run",
@@ -190,7 +232,7 @@ class EmbeddedOPA:
         ]
         # A file, not a PIPE: nobody reads OPA's output while it runs, and a full
         # pipe would block OPA mid-decision.
-        with self.log_path.open("wb") as log_file:
+        with open(log_fd, "wb") as log_file:
             try:
                 self._proc = subprocess.Popen(
                     args,
@@ -198,6 +240,7 @@ class EmbeddedOPA:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     cwd=self._dir,
+                    env=self.environment,  # never os.environ: policies can read it
                     preexec_fn=_die_with_parent(),  # the only hook for PR_SET_PDEATHSIG
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -248,9 +291,9 @@ class EmbeddedOPA:
                         proc.kill()
                         proc.wait()
         finally:
-            directory, self._dir = self._dir, None
-            if directory is not None:
-                shutil.rmtree(directory, ignore_errors=True)
+            workdir, self._workdir, self._dir = self._workdir, None, None
+            if workdir is not None:
+                workdir.remove()
 
     def __enter__(self) -> EmbeddedOPA:
         return self.start()
@@ -289,13 +332,14 @@ def _hint(log_tail: str) -> str:
     return ""
 
 
-def _private_dir() -> Path:
-    """A fresh 0700 directory whose socket path fits in ``sun_path``."""
-    directory = Path(tempfile.mkdtemp(prefix="capgate-opa-"))  # mkdtemp: mode 0700
-    if len(str(directory / "opa.sock").encode()) > _MAX_SOCKET_PATH:
-        # A long $TMPDIR (macOS, CI runners) would make the socket path unusable.
-        directory.rmdir()
-        directory = Path(tempfile.mkdtemp(prefix="capgate-opa-", dir="/tmp"))
-    with contextlib.suppress(OSError):
-        directory.chmod(0o700)
-    return directory
+def _checked_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``env``, refused (ValueError) if it could not be a sound environment."""
+    checked = dict(env or {})
+    for name, value in checked.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"env holds {name!r}: names and values must be strings")
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"env holds {name!r}: not a usable environment variable")
+        if name in RESERVED_ENV:
+            raise ValueError(f"env may not set {name}: capgate points it into OPA's private folder")
+    return checked
