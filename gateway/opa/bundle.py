@@ -2,9 +2,15 @@
 
 Policies and data travel together in one bundle, so OPA can never serve the rules
 of one release with the catalogue of another. The compiled data carries the
-catalogue digest (``data.capgate.catalogue.meta.digest``, also the manifest's
-``revision``), which the sidecar reads back to check that the OPA it talks to
-holds the catalogue this process loaded.
+catalogue digest (``data.capgate.catalogue.meta.digest``), which every decision
+repeats, so the client can check that each answer was made under the catalogue this
+process loaded.
+
+The manifest's ``revision`` identifies the whole bundle: a SHA-256 over the
+catalogue digest and every bundled policy file (path and bytes). A change of policy
+alone therefore changes the revision too, and OPA reports the revision with every
+answer (``provenance.bundles``), so a gateway that wrote the bundle can pin it
+(:func:`bundle_revision` says what it will be) and every trace shows what answered.
 
 The bundle is built in a temporary sibling directory and renamed into place, so a
 failure part-way leaves either the previous bundle or nothing, never half of one.
@@ -12,6 +18,7 @@ failure part-way leaves either the previous bundle or nothing, never half of one
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,7 +30,7 @@ from gateway.catalogue.compile import compile_catalogue
 from gateway.model.contracts import Catalogue
 from gateway.opa.policies import default_policies_dir
 
-__all__ = ["BUNDLE_ROOT", "DATA_PATH", "write_bundle"]
+__all__ = ["BUNDLE_ROOT", "DATA_PATH", "bundle_revision", "write_bundle"]
 
 #: The only root the bundle claims: OPA rejects policies or data outside it.
 BUNDLE_ROOT = "capgate"
@@ -85,18 +92,55 @@ def _move_into_place(staging: Path, out_dir: Path) -> None:
     shutil.rmtree(previous, ignore_errors=True)
 
 
+def _policy_sources(policies_dir: Path) -> dict[str, bytes]:
+    """Each bundled policy file's bytes, by its path relative to ``policies_dir``.
+
+    Read once: the bytes hashed into the revision are the bytes written.
+    """
+    return {
+        source.relative_to(policies_dir).as_posix(): source.read_bytes()
+        for source in _policy_files(policies_dir)
+    }
+
+
+def _revision(catalogue_digest: str, sources: dict[str, bytes]) -> str:
+    """``sha256:<hex>`` over the catalogue digest and the sorted (path, bytes) pairs.
+
+    Every part is length-prefixed, so no two different bundles can hash the same
+    sequence of bytes by moving a boundary between a path and a file's content.
+    """
+    sha = hashlib.sha256()
+    parts = [b"capgate-bundle-v1", catalogue_digest.encode()]
+    for path, content in sorted(sources.items()):
+        parts += [path.encode(), content]
+    for part in parts:
+        sha.update(len(part).to_bytes(8, "big"))
+        sha.update(part)
+    return "sha256:" + sha.hexdigest()
+
+
+def bundle_revision(catalogue: Catalogue, policies_dir: Path | None = None) -> str:
+    """The manifest ``revision`` that :func:`write_bundle` gives these inputs.
+
+    Same arguments as :func:`write_bundle`; writes nothing. Changes with the
+    catalogue's authority (its digest) and with any byte of any bundled policy file.
+    """
+    policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
+    return _revision(compile_catalogue(catalogue)["meta"]["digest"], _policy_sources(policies))
+
+
 def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None = None) -> Path:
     """Write the bundle directory ``out_dir`` and return it.
 
     It holds every ``*.rego`` under ``policies_dir`` (default: the folder that
     :func:`gateway.opa.policies.locate_policies` chooses) except ``*_test.rego``, at
-    the same relative paths; the compiled catalogue at ``capgate/catalogue/data.json``; and a
-    ``.manifest`` with the catalogue digest as ``revision`` and ``capgate`` as
-    the only root. An earlier bundle at ``out_dir`` is replaced; any other
+    the same relative paths; the compiled catalogue at ``capgate/catalogue/data.json``;
+    and a ``.manifest`` with :func:`bundle_revision` as ``revision`` and ``capgate``
+    as the only root. An earlier bundle at ``out_dir`` is replaced; any other
     non-empty directory there is refused with ``FileExistsError``.
     """
     policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
-    sources = _policy_files(policies)
+    sources = _policy_sources(policies)
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
     document = compile_catalogue(catalogue)
@@ -105,15 +149,13 @@ def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None 
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; OPA may run as another user
-        for source in sources:
-            target = staging / source.relative_to(policies)
+        for relative, content in sources.items():
+            target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+            target.write_bytes(content)
         _write_json(staging / DATA_PATH, document)
-        _write_json(
-            staging / ".manifest",
-            {"revision": document["meta"]["digest"], "roots": [BUNDLE_ROOT]},
-        )
+        revision = _revision(document["meta"]["digest"], sources)
+        _write_json(staging / ".manifest", {"revision": revision, "roots": [BUNDLE_ROOT]})
         _move_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

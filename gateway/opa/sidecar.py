@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -21,10 +20,11 @@ from gateway.catalogue import compile_catalogue
 from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
 from gateway.opa.binary import OPABinary
-from gateway.opa.bundle import write_bundle
+from gateway.opa.bundle import bundle_revision, write_bundle
 from gateway.opa.client import DEFAULT_TIMEOUT, PolicyClient
 from gateway.opa.policies import PoliciesLocation, locate_policies
 from gateway.opa.process import EmbeddedOPA
+from gateway.opa.workdir import PrivateDir, private_dir, write_errors
 
 __all__ = ["OPA_URL_ENV", "PolicySidecar"]
 
@@ -35,7 +35,11 @@ OPA_URL_ENV = "CAPGATE_OPA_URL"
 
 
 class PolicySidecar:
-    """A PolicyClient plus, when embedded, the OPA process and bundle it owns."""
+    """A PolicyClient plus, when embedded, the OPA process and bundle it owns.
+
+    ``opa_env`` adds variables to the embedded OPA's minimal environment (see
+    :mod:`gateway.opa.process`); policies can read them, so pass no secrets.
+    """
 
     def __init__(
         self,
@@ -45,6 +49,7 @@ class PolicySidecar:
         timeout: float | None = None,
         policies_dir: Path | None = None,
         opa_binary: Path | None = None,
+        opa_env: Mapping[str, str] | None = None,
     ) -> None:
         self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
         url = opa_url or os.environ.get(OPA_URL_ENV) or None
@@ -53,7 +58,11 @@ class PolicySidecar:
         #: which serves whatever bundle its operator gave it.
         self.policies: PoliciesLocation | None = None
         self._client: PolicyClient | None = None
-        self._bundle_root: Path | None = None
+        self._bundle_root: PrivateDir | None = None
+        # Pinned for the embedded OPA only: we wrote its bundle, so any other revision
+        # is not ours. An external OPA's operator may publish new policies through a
+        # bundle server without restarting gateways; its revisions are only recorded.
+        revision: str | None = None
         try:
             if url is None:
                 self.policies = (
@@ -61,12 +70,24 @@ class PolicySidecar:
                     if policies_dir is None
                     else PoliciesLocation(Path(policies_dir).resolve(), "argument")
                 )
-                self._bundle_root = Path(tempfile.mkdtemp(prefix="capgate-bundle-"))
-                bundle = write_bundle(catalogue, self._bundle_root / "bundle", self.policies.path)
-                self.process = EmbeddedOPA(bundle, opa_binary=opa_binary)
+                self._bundle_root = private_dir("bundle")  # see gateway.opa.workdir
+                with write_errors(self._bundle_root.path, "the policy bundle"):
+                    bundle = write_bundle(
+                        catalogue, self._bundle_root.path / "bundle", self.policies.path
+                    )
+                revision = bundle_revision(catalogue, self.policies.path)
+                self.process = EmbeddedOPA(bundle, opa_binary=opa_binary, env=opa_env)
                 self.process.start()
                 url = self.process.address
-            self._client = PolicyClient(url, timeout=timeout or DEFAULT_TIMEOUT)
+            # Every decision must carry the catalogue digest loaded here, not only the
+            # first answer: an OPA restarted with another bundle behind the same address
+            # would otherwise be obeyed until this process restarts.
+            self._client = PolicyClient(
+                url,
+                timeout=timeout or DEFAULT_TIMEOUT,
+                expected_catalogue=self.expected_digest,
+                expected_revision=revision,
+            )
             self._check_catalogue(self._client)
             log.info("%s", self.describe())
         except BaseException:
@@ -106,10 +127,16 @@ class PolicySidecar:
         return "; ".join(self.describe_lines())
 
     def _check_catalogue(self, client: PolicyClient) -> None:
+        """Fail at start-up, with advice, if OPA serves another catalogue (or bundle).
+
+        The client checks every decision again; this first check turns a wrong
+        address or a stale bundle into one clear error before any agent is served.
+        """
         served = client.catalogue_digest()
         if served != self.expected_digest:
+            shown = served if len(served) <= 80 else served[:77] + "..."
             raise PolicyUnavailable(
-                f"OPA serves catalogue {served}, but this dispatcher loaded "
+                f"OPA serves catalogue {shown!r}, but this dispatcher loaded "
                 f"{self.expected_digest}: rebuild the bundle (`capgate bundle`) or "
                 "point capgate at the matching catalogue"
             )
@@ -121,7 +148,7 @@ class PolicySidecar:
         if self.process is not None:
             self.process.stop()
         if self._bundle_root is not None:
-            shutil.rmtree(self._bundle_root, ignore_errors=True)
+            self._bundle_root.remove()
             self._bundle_root = None
 
     def __enter__(self) -> PolicySidecar:

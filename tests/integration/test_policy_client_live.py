@@ -23,13 +23,15 @@ import pytest
 from gateway.errors import PolicyUnavailable
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.client import PolicyClient
+from gateway.opa.binary import find_opa
+from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
 from gateway.opa.process import EmbeddedOPA
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
 pytestmark = pytest.mark.integration
 
 DIGEST = "sha256:" + "0" * 64
+REVISION = "test-revision-7"
 PARAMS_DIGEST = "sha256:" + "1" * 64
 
 COMPOSE_FACTS = {
@@ -65,17 +67,22 @@ def write_bundle(root: Path) -> Path:
     """Fixed decisions: compose shows nothing, execute denies, and a catalogue digest.
 
     The execute rule echoes the call's tool in its message, which proves the input
-    arrived as the facts models serialise it.
+    arrived as the facts models serialise it. Both decisions carry the digest from
+    data, as the real policies do, and the manifest a revision.
     """
     bundle = root / "bundle"
     for package in ("compose", "execute", "catalogue/meta"):
         (bundle / "capgate" / package).mkdir(parents=True)
-    (bundle / ".manifest").write_text(json.dumps({"roots": ["capgate"]}))
+    (bundle / ".manifest").write_text(json.dumps({"revision": REVISION, "roots": ["capgate"]}))
     (bundle / "capgate" / "compose" / "compose.rego").write_text(
         textwrap.dedent("""\
             package capgate.compose
 
-            decision := {"visible": [], "excluded": {}}
+            decision := {
+            \t"visible": [],
+            \t"excluded": {},
+            \t"catalogue_digest": data.capgate.catalogue.meta.digest,
+            }
             """)
     )
     (bundle / "capgate" / "execute" / "execute.rego").write_text(
@@ -86,6 +93,7 @@ def write_bundle(root: Path) -> Path:
             \t"allow": false,
             \t"reasons": [{"code": "test_deny", "message": sprintf("no %s", [input.call.tool])}],
             \t"obligations": [],
+            \t"catalogue_digest": data.capgate.catalogue.meta.digest,
             }
             """)
     )
@@ -137,6 +145,46 @@ def test_execute_parses_with_a_decision_id(client: PolicyClient) -> None:
     assert decision.reasons[0].message == "no quote.prepare_send"
     assert decision.obligations == []
     assert decision.decision_id
+
+
+def test_decisions_carry_catalogue_digest_revision_and_opa_version(client: PolicyClient) -> None:
+    composed = client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+    executed = client.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
+    for decision in (composed, executed):
+        assert decision.catalogue_digest == DIGEST
+        assert REVISION in decision.bundle_revisions.values()
+        assert decision.opa_version == find_opa().version_text
+
+
+def test_pinned_catalogue_and_revision_are_accepted(server: Server) -> None:
+    with PolicyClient(
+        server.address,
+        timeout=5.0,
+        connect_timeout=5.0,
+        expected_catalogue=DIGEST,
+        expected_revision=REVISION,
+    ) as pinned:
+        assert pinned.execute(ExecuteInput.model_validate(EXECUTE_FACTS)).catalogue_digest == DIGEST
+        assert pinned.catalogue_digest() == DIGEST
+
+
+@pytest.mark.parametrize(
+    ("pins", "named"),
+    [
+        ({"expected_catalogue": "sha256:" + "9" * 64}, "sha256:" + "9" * 64),
+        ({"expected_revision": "another-revision"}, "another-revision"),
+    ],
+    ids=["catalogue", "revision"],
+)
+def test_a_pin_that_opa_does_not_match_fails_closed(
+    server: Server, pins: dict[str, str], named: str
+) -> None:
+    with (
+        PolicyClient(server.address, timeout=5.0, connect_timeout=5.0, **pins) as pinned,
+        pytest.raises(PolicyUnavailable) as info,
+    ):
+        pinned.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
+    assert named in str(info.value)
 
 
 def test_each_decision_has_its_own_id(client: PolicyClient) -> None:
@@ -243,7 +291,8 @@ def test_missing_socket_is_unreachable(tmp_path: Path) -> None:
 
 def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
     # Each byte arrives well within the read timeout, so only a deadline on the whole
-    # answer stops this; without one the call would take 60 s.
+    # answer stops this; without one the call would take 60 s. (tests/integration/
+    # test_fake_opa.py trickles the status line and headers too, over both transports.)
     body = b'{"result": {"visible": [], "excluded": {}}}' + b" " * 600
     stop = threading.Event()
 
@@ -276,4 +325,5 @@ def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
         finally:
             stop.set()
             worker.join(timeout=5)
-    assert elapsed < 5.0
+    deadline = DEFAULT_CONNECT_TIMEOUT + 2 * 0.5
+    assert elapsed < deadline + 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.model.contracts import Catalogue
 from gateway.opa import bundle as bundle_module
 from gateway.opa import policies as policies_module
-from gateway.opa.bundle import write_bundle
+from gateway.opa.bundle import bundle_revision, write_bundle
 from gateway.opa.policies import default_policies_dir, locate_policies
 
 
@@ -54,6 +54,7 @@ def test_public_surface_is_pinned() -> None:
     assert sorted(bundle_module.__all__) == [
         "BUNDLE_ROOT",
         "DATA_PATH",
+        "bundle_revision",
         "write_bundle",
     ]
 
@@ -77,8 +78,55 @@ def test_bundle_holds_policies_data_and_manifest(
     data = json.loads((out_dir / "capgate/catalogue/data.json").read_text(encoding="utf-8"))
     assert data == document
     manifest = json.loads((out_dir / ".manifest").read_text(encoding="utf-8"))
-    assert manifest == {"revision": document["meta"]["digest"], "roots": ["capgate"]}
+    assert manifest == {"revision": bundle_revision(catalogue, policies), "roots": ["capgate"]}
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", manifest["revision"])
     assert siblings(out_dir) == {"bundle"}
+
+
+def revision_written(catalogue: Catalogue, out_dir: Path, policies: Path) -> str:
+    write_bundle(catalogue, out_dir, policies)
+    revision: str = json.loads((out_dir / ".manifest").read_text(encoding="utf-8"))["revision"]
+    assert revision == bundle_revision(catalogue, policies)
+    return revision
+
+
+def test_a_policy_only_change_changes_the_revision(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    """The regression: the revision was the catalogue digest, so a bundle with other
+    policies and the same catalogue could not be told apart by its revision."""
+    out_dir = tmp_path / "bundle"
+    before = revision_written(catalogue, out_dir, policies)
+    assert before != compile_catalogue(catalogue)["meta"]["digest"]
+    execute = policies / "capgate/execute/execute.rego"
+    execute.write_text("package capgate.execute\n\ndecision := {}\n", encoding="utf-8")
+    changed = revision_written(catalogue, out_dir, policies)
+    assert changed != before
+    # A policy moved to another path, same bytes: another bundle, another revision.
+    execute.rename(policies / "capgate/execute/moved.rego")
+    assert revision_written(catalogue, out_dir, policies) not in {before, changed}
+
+
+def test_the_revision_follows_catalogue_and_policies_only(
+    tmp_path: Path, catalogue: Catalogue, policies: Path
+) -> None:
+    out_dir = tmp_path / "bundle"
+    before = revision_written(catalogue, out_dir, policies)
+    # Tests and other files are not bundled, so they do not count.
+    (policies / "capgate/lib/util_test.rego").write_text("package x_test\n", encoding="utf-8")
+    (policies / "README.md").write_text("changed\n", encoding="utf-8")
+    assert revision_written(catalogue, out_dir, policies) == before
+    oracle = load_catalogue(demo_catalogue_dir("oracle-grove"))
+    assert revision_written(oracle, out_dir, policies) != before
+
+
+def test_the_revision_cannot_be_matched_by_moving_bytes_between_path_and_content(
+    tmp_path: Path, catalogue: Catalogue
+) -> None:
+    digest = compile_catalogue(catalogue)["meta"]["digest"]
+    assert bundle_module._revision(digest, {"a.rego": b"bc"}) != bundle_module._revision(
+        digest, {"a.regob": b"c"}
+    )
 
 
 def test_bundle_replaces_an_earlier_bundle(
@@ -90,7 +138,7 @@ def test_bundle_replaces_an_earlier_bundle(
     write_bundle(catalogue, out_dir, policies)
     assert "capgate/execute/execute.rego" not in files_under(out_dir)
     manifest = json.loads((out_dir / ".manifest").read_text(encoding="utf-8"))
-    assert manifest["revision"] == compile_catalogue(catalogue)["meta"]["digest"]
+    assert manifest["revision"] == bundle_revision(catalogue, policies)
     assert siblings(out_dir) == {"bundle", "policies"}
 
 
@@ -134,15 +182,15 @@ def test_failure_while_writing_leaves_no_partial_bundle(
     tmp_path: Path, catalogue: Catalogue, policies: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Path] = []
-    real_copy = shutil.copyfile
+    real_write = Path.write_bytes
 
-    def copy_then_fail(src: Path, dst: Path) -> Path:
-        calls.append(dst)
+    def write_then_fail(path: Path, data: bytes) -> int:
+        calls.append(path)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return real_copy(src, dst)
+        return real_write(path, data)
 
-    monkeypatch.setattr("gateway.opa.bundle.shutil.copyfile", copy_then_fail)
+    monkeypatch.setattr(Path, "write_bytes", write_then_fail)
     out_dir = tmp_path / "out" / "bundle"
     with pytest.raises(OSError, match="No space left"):
         write_bundle(catalogue, out_dir, policies)

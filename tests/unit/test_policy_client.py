@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.decisions import MAX_PARAMS_DEPTH, ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
@@ -62,14 +62,30 @@ EXECUTE_FACTS: dict[str, Any] = {
     "evidence": ["current_quote_revision"],
 }
 
+CATALOGUE = "sha256:" + "cd" * 32
+OTHER_CATALOGUE = "sha256:" + "ef" * 32
+REVISION = "sha256:" + "12" * 32
+OTHER_REVISION = "sha256:" + "34" * 32
+
 COMPOSE_RESULT: dict[str, Any] = {
     "visible": ["contact.read"],
     "excluded": {"quote.prepare_send": [{"code": "connection_revoked", "message": "m"}]},
+    "catalogue_digest": CATALOGUE,
 }
 EXECUTE_RESULT: dict[str, Any] = {
     "allow": True,
     "reasons": [],
     "obligations": [{"code": "pass_idempotency_key", "params": {"key": "send-017"}}],
+    "catalogue_digest": CATALOGUE,
+}
+#: OPA 1.22.4's provenance for an embedded OPA: our bundle, and the generated one
+#: that drops decision logs, which has no revision.
+PROVENANCE: dict[str, Any] = {
+    "version": "1.22.4",
+    "build_commit": "",
+    "build_timestamp": "",
+    "build_hostname": "",
+    "bundles": {"/tmp/b": {"revision": REVISION}, "/tmp/no-log": {"revision": ""}},
 }
 
 
@@ -80,9 +96,21 @@ def answer(document: Any, status: int = 200) -> Handler:
     return handler
 
 
-def raw(body: bytes, status: int = 200) -> Handler:
+def raw(
+    body: bytes,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    http_version: bytes = b"HTTP/1.1",
+) -> Handler:
+    """An answer of exactly these bytes, labelled as OPA labels JSON unless told."""
+
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=body)
+        return httpx.Response(
+            status,
+            content=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+            extensions={"http_version": http_version},
+        )
 
     return handler
 
@@ -94,8 +122,8 @@ def raising(exc_type: type[httpx.TransportError]) -> Handler:
     return handler
 
 
-def client_for(handler: Handler) -> PolicyClient:
-    return PolicyClient("http://127.0.0.1:8181", transport=httpx.MockTransport(handler))
+def client_for(handler: Handler, **pins: str) -> PolicyClient:
+    return PolicyClient("http://127.0.0.1:8181", transport=httpx.MockTransport(handler), **pins)
 
 
 def compose_facts() -> ComposeInput:
@@ -111,6 +139,8 @@ def ask(client: PolicyClient, question: str) -> object:
         return client.compose(compose_facts())
     if question == "execute":
         return client.execute(execute_facts())
+    if question == "digest":
+        return client.catalogue_digest()
     return client.query(COMPOSE_PATH, {"token": SECRET})
 
 
@@ -131,6 +161,11 @@ ANSWER_FAILURES: dict[str, Handler] = {
     "http_400": answer({"code": "invalid_parameter"}, 400),
     "http_302": raw(b"", 302),
     "http_204": raw(b"", 204),
+    "http_201_with_result": answer({"result": COMPOSE_RESULT}, 201),
+    "http_1_0": raw(json.dumps({"result": COMPOSE_RESULT}).encode(), http_version=b"HTTP/1.0"),
+    "content_type_html": raw(b'{"result": {}}', headers={"Content-Type": "text/html"}),
+    "content_encoding_unknown": raw(b'{"result": {}}', headers={"Content-Encoding": "x-new"}),
+    "content_length_over_cap": raw(b'{"result": {}}', headers={"Content-Length": str(1 << 40)}),
     "not_json": raw(b"<html>proxy error</html>"),
     "not_utf8": raw(b"\xff\xfe\x00"),
     "empty_body": raw(b""),
@@ -143,6 +178,17 @@ ANSWER_FAILURES: dict[str, Handler] = {
     "result_true": answer({"result": True}),
     "result_string": answer({"result": "allow"}),
     "decision_id_not_string": answer({"result": COMPOSE_RESULT, "decision_id": 7}),
+    "nan": raw(b'{"result": {"visible": [], "excluded": {}, "x": NaN}}'),
+    "infinity": raw(b'{"result": {}, "n": -Infinity}'),
+    "deeply_nested": raw(b'{"result": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "duplicate_result": raw(b'{"result": null, "result": {}}'),
+    "provenance_not_object": answer({"result": COMPOSE_RESULT, "provenance": []}),
+    "provenance_version_number": answer({"result": {}, "provenance": {"version": 1}}),
+    "provenance_bundles_list": answer({"result": {}, "provenance": {"bundles": []}}),
+    "provenance_bundle_string": answer({"result": {}, "provenance": {"bundles": {"b": "r"}}}),
+    "provenance_revision_number": answer(
+        {"result": {}, "provenance": {"bundles": {"b": {"revision": 1}}}}
+    ),
 }
 
 COMPOSE_SHAPE_FAILURES: dict[str, Any] = {
@@ -153,9 +199,24 @@ COMPOSE_SHAPE_FAILURES: dict[str, Any] = {
     "excluded_list": {"visible": [], "excluded": []},
     "reason_without_code": {"visible": [], "excluded": {"t": [{"message": "m"}]}},
     "reason_empty_code": {"visible": [], "excluded": {"t": [{"code": "", "message": "m"}]}},
-    "extra_key": {"visible": [], "excluded": {}, "allow": True},
-    "sets_decision_id": {"visible": [], "excluded": {}, "decision_id": "forged"},
+    "extra_key": {**COMPOSE_RESULT, "allow": True},
+    "sets_decision_id": {**COMPOSE_RESULT, "decision_id": "forged"},
+    "sets_bundle_revisions": {**COMPOSE_RESULT, "bundle_revisions": {"b": REVISION}},
+    "sets_opa_version": {**COMPOSE_RESULT, "opa_version": "9.9.9"},
+    "catalogue_digest_missing": {"visible": [], "excluded": {}},
+    "catalogue_digest_null": {**COMPOSE_RESULT, "catalogue_digest": None},
+    "catalogue_digest_empty": {**COMPOSE_RESULT, "catalogue_digest": ""},
+    "catalogue_digest_not_a_digest": {**COMPOSE_RESULT, "catalogue_digest": "v1"},
 }
+
+
+def _deep(depth: int) -> Any:
+    """A value nested ``depth`` lists deep, built without recursion."""
+    value: Any = "k"
+    for _ in range(depth):
+        value = [value]
+    return value
+
 
 EXECUTE_SHAPE_FAILURES: dict[str, Any] = {
     "allow_string_true": {**EXECUTE_RESULT, "allow": "true"},
@@ -173,6 +234,17 @@ EXECUTE_SHAPE_FAILURES: dict[str, Any] = {
         "obligations": [],
     },
     "sets_decision_id": {**EXECUTE_RESULT, "decision_id": "forged"},
+    "sets_bundle_revisions": {**EXECUTE_RESULT, "bundle_revisions": {}},
+    "sets_opa_version": {**EXECUTE_RESULT, "opa_version": "1.22.4"},
+    "catalogue_digest_missing": {
+        k: v for k, v in EXECUTE_RESULT.items() if k != "catalogue_digest"
+    },
+    "catalogue_digest_number": {**EXECUTE_RESULT, "catalogue_digest": 1},
+    "catalogue_digest_empty": {**EXECUTE_RESULT, "catalogue_digest": ""},
+    "params_too_deep": {
+        **EXECUTE_RESULT,
+        "obligations": [{"code": "pass_idempotency_key", "params": {"key": _deep(500)}}],
+    },
 }
 
 
@@ -212,6 +284,216 @@ def test_execute_result_of_wrong_shape_fails_closed(result: dict[str, Any]) -> N
     ):
         client.execute(execute_facts())
     assert SECRET not in str(info.value)
+
+
+# -- ambiguous answers: a repeated key anywhere -------------------------------------
+
+# Each body is read by Python's json (last key wins) as an allow, or as the good
+# answer; a reader keeping the first key would read something else. Before the fix
+# the first of these ran the tool.
+_ALLOW = json.dumps(EXECUTE_RESULT)[1:-1]
+DUPLICATE_KEY_BODIES: dict[str, bytes] = {
+    "allow_false_then_true": f'{{"result": {{"allow": false, {_ALLOW}}}}}'.encode(),
+    "two_results": (
+        f'{{"result": {{"allow": false, "reasons": [], "obligations": [], '
+        f'"catalogue_digest": "{CATALOGUE}"}}, "result": {{{_ALLOW}}}}}'
+    ).encode(),
+    "escaped_duplicate": f'{{"result": {{"\\u0061llow": false, {_ALLOW}}}}}'.encode(),
+    "in_obligation_params": (
+        b'{"result": {"allow": true, "reasons": [], "catalogue_digest": "'
+        + CATALOGUE.encode()
+        + b'", "obligations": [{"code": "pass_idempotency_key",'
+        b' "params": {"key": "other-op", "key": "send-017"}}]}}'
+    ),
+    "in_an_obligation": (
+        b'{"result": {"allow": true, "reasons": [], "catalogue_digest": "'
+        + CATALOGUE.encode()
+        + b'", "obligations": [{"code": "notify_regulator", "code": "pass_idempotency_key",'
+        b' "params": {"key": "send-017"}}]}}'
+    ),
+    "in_provenance": (
+        f'{{"result": {{{_ALLOW}}}, "provenance": {{"bundles": '
+        f'{{"b": {{"revision": "{OTHER_REVISION}", "revision": "{REVISION}"}}}}}}}}'
+    ).encode(),
+    "decision_id": f'{{"decision_id": "a", "decision_id": "b", "result": {{{_ALLOW}}}}}'.encode(),
+}
+
+
+@pytest.mark.parametrize("body", DUPLICATE_KEY_BODIES.values(), ids=DUPLICATE_KEY_BODIES)
+def test_a_repeated_key_anywhere_fails_closed(body: bytes) -> None:
+    with (
+        client_for(raw(body), expected_catalogue=CATALOGUE) as client,
+        pytest.raises(PolicyUnavailable, match="repeats a key") as info,
+    ):
+        client.execute(execute_facts())
+    assert "capgate/execute/decision" in str(info.value)
+
+
+@pytest.mark.parametrize("body", DUPLICATE_KEY_BODIES.values(), ids=DUPLICATE_KEY_BODIES)
+def test_each_repeated_key_body_is_an_allow_to_a_last_key_wins_reader(
+    body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the test above guards against: with plain json.loads, each is obeyed."""
+    monkeypatch.setattr("gateway.opa.client._loads", json.loads)
+    with client_for(raw(body), expected_catalogue=CATALOGUE) as client:
+        assert client.execute(execute_facts()).allow is True
+
+
+def test_a_repeated_key_fails_closed_for_every_question() -> None:
+    digest = b'{"result": "sha256:bad", "result": "' + CATALOGUE.encode() + b'"}'
+    compose = (
+        b'{"result": {"visible": [], "visible": ["contact.read"], "excluded": {},'
+        b' "catalogue_digest": "' + CATALOGUE.encode() + b'"}}'
+    )
+    with client_for(raw(digest)) as client, pytest.raises(PolicyUnavailable, match="repeats"):
+        client.catalogue_digest()
+    with client_for(raw(compose)) as client, pytest.raises(PolicyUnavailable, match="repeats"):
+        client.compose(compose_facts())
+
+
+def test_keys_that_differ_only_in_case_are_not_duplicates() -> None:
+    body = json.dumps({"result": EXECUTE_RESULT, "Result": None, "RESULT": 1}).encode()
+    with client_for(raw(body)) as client:
+        assert client.execute(execute_facts()).allow is True
+
+
+# -- nesting ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("question", ["compose", "execute", "digest"])
+def test_deep_nesting_is_policy_unavailable_not_recursion_error(question: str) -> None:
+    body = b'{"result": {"visible": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    with client_for(raw(body)) as client, pytest.raises(PolicyUnavailable, match="too deeply"):
+        ask(client, question)
+
+
+def test_status_error_with_a_deeply_nested_body_names_the_status() -> None:
+    body = b'{"code": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with client_for(raw(body, 500)) as client, pytest.raises(PolicyUnavailable, match="HTTP 500"):
+        client.query(EXECUTE_PATH, {})
+
+
+def test_obligation_params_up_to_the_depth_limit_are_accepted() -> None:
+    params = {"key": "send-017", "trace": _deep(MAX_PARAMS_DEPTH - 1)}
+    result = {**EXECUTE_RESULT, "obligations": [{"code": "pass_idempotency_key", "params": params}]}
+    with client_for(answer({"result": result})) as client:
+        assert client.execute(execute_facts()).obligations[0].params == params
+    too_deep = {**params, "trace": _deep(MAX_PARAMS_DEPTH)}
+    result["obligations"] = [{"code": "pass_idempotency_key", "params": too_deep}]
+    with (
+        client_for(answer({"result": result})) as client,
+        pytest.raises(PolicyUnavailable, match=r"obligations\.0\.params"),
+    ):
+        client.execute(execute_facts())
+
+
+# -- provenance: the catalogue digest and bundle revision a decision was made under --
+
+
+@pytest.mark.parametrize("question", ["compose", "execute"])
+def test_a_decision_under_another_catalogue_fails_closed_naming_both(question: str) -> None:
+    result = COMPOSE_RESULT if question == "compose" else EXECUTE_RESULT
+    handler = answer({"result": {**result, "catalogue_digest": OTHER_CATALOGUE}})
+    with (
+        client_for(handler, expected_catalogue=CATALOGUE) as client,
+        pytest.raises(PolicyUnavailable) as info,
+    ):
+        ask(client, question)
+    assert OTHER_CATALOGUE in str(info.value)
+    assert CATALOGUE in str(info.value)
+    assert f"capgate/{question}/decision" in str(info.value)
+
+
+@pytest.mark.parametrize("question", ["compose", "execute"])
+def test_a_decision_under_the_expected_catalogue_carries_its_provenance(question: str) -> None:
+    result = COMPOSE_RESULT if question == "compose" else EXECUTE_RESULT
+    handler = answer({"result": result, "decision_id": DECISION_ID, "provenance": PROVENANCE})
+    with client_for(handler, expected_catalogue=CATALOGUE, expected_revision=REVISION) as client:
+        decision = ask(client, question)
+    assert isinstance(decision, ComposeDecision | ExecuteDecision)
+    assert decision.catalogue_digest == CATALOGUE
+    assert decision.bundle_revisions == {"/tmp/b": REVISION, "/tmp/no-log": ""}
+    assert decision.opa_version == "1.22.4"
+    assert decision.decision_id == DECISION_ID
+
+
+def test_without_pins_any_catalogue_and_revision_is_recorded() -> None:
+    provenance = {"version": "1.22.4", "bundles": {"remote": {"revision": "git-4f2a"}}}
+    result = {**EXECUTE_RESULT, "catalogue_digest": OTHER_CATALOGUE}
+    with client_for(answer({"result": result, "provenance": provenance})) as client:
+        decision = client.execute(execute_facts())
+    assert decision.catalogue_digest == OTHER_CATALOGUE
+    assert decision.bundle_revisions == {"remote": "git-4f2a"}
+
+
+def test_an_answer_without_provenance_has_no_revisions() -> None:
+    with client_for(answer({"result": EXECUTE_RESULT}), expected_catalogue=CATALOGUE) as client:
+        decision = client.execute(execute_facts())
+    assert decision.bundle_revisions == {}
+    assert decision.opa_version is None
+
+
+@pytest.mark.parametrize(
+    "bundles",
+    [
+        {"/tmp/b": {"revision": OTHER_REVISION}},
+        {"/tmp/b": {"revision": REVISION}, "/tmp/extra": {"revision": OTHER_REVISION}},
+        {"/tmp/b": {"revision": ""}},
+        {"/tmp/b": {}},
+        {},
+        None,
+    ],
+    ids=["other", "other_beside_pinned", "empty", "no_revision", "no_bundles", "no_provenance"],
+)
+@pytest.mark.parametrize("question", ["compose", "execute", "digest"])
+def test_a_pinned_revision_must_be_the_only_one_reported(
+    bundles: dict[str, Any] | None, question: str
+) -> None:
+    result: Any = {"compose": COMPOSE_RESULT, "execute": EXECUTE_RESULT}.get(question, CATALOGUE)
+    document: dict[str, Any] = {"result": result}
+    if bundles is not None:
+        document["provenance"] = {"version": "1.22.4", "bundles": bundles}
+    with (
+        client_for(answer(document), expected_revision=REVISION) as client,
+        pytest.raises(PolicyUnavailable, match="revision") as info,
+    ):
+        ask(client, question)
+    assert REVISION in str(info.value)
+    if bundles and OTHER_REVISION in json.dumps(bundles):
+        assert OTHER_REVISION in str(info.value)
+
+
+def test_a_long_foreign_revision_is_cut_short_in_the_message() -> None:
+    provenance = {"bundles": {"b": {"revision": "r" * 10_000}}}
+    with (
+        client_for(
+            answer({"result": {}, "provenance": provenance}), expected_revision=REVISION
+        ) as client,
+        pytest.raises(PolicyUnavailable) as info,
+    ):
+        client.query(COMPOSE_PATH, {})
+    assert len(str(info.value)) < 400
+
+
+def test_every_query_asks_for_provenance() -> None:
+    urls: list[httpx.URL] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        urls.append(request.url)
+        result = CATALOGUE if "meta" in request.url.path else EXECUTE_RESULT
+        return httpx.Response(200, json={"result": result})
+
+    with client_for(handler) as client:
+        client.execute(execute_facts())
+        client.catalogue_digest()
+        client.query("capgate/x", {})
+    assert [url.params.get("provenance") for url in urls] == ["true"] * 3
+
+
+@pytest.mark.parametrize("pin", ["expected_catalogue", "expected_revision"])
+def test_an_empty_pin_is_refused(pin: str) -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        PolicyClient("http://127.0.0.1:8181", **{pin: ""})
 
 
 def test_undefined_decision_says_so() -> None:
@@ -301,6 +583,8 @@ def test_compose_parses_and_attaches_decision_id() -> None:
     request = requests[0]
     assert request.method == "POST"
     assert request.url.path == "/v1/data/capgate/compose/decision"
+    assert request.url.query == b"provenance=true"
+    assert request.headers["accept-encoding"] == "gzip"
     assert request.headers["content-type"] == "application/json"
     assert json.loads(request.content) == {"input": compose_facts().model_dump(mode="json")}
 
@@ -327,7 +611,11 @@ def test_execute_parses_and_attaches_decision_id() -> None:
 
 
 def test_deny_parses() -> None:
-    result = {"allow": False, "reasons": [{"code": "approval_expired", "message": "m"}]}
+    result = {
+        "allow": False,
+        "reasons": [{"code": "approval_expired", "message": "m"}],
+        "catalogue_digest": CATALOGUE,
+    }
     handler = answer({"result": {**result, "obligations": []}, "decision_id": DECISION_ID})
     with client_for(handler) as client:
         decision = client.execute(execute_facts())

@@ -15,14 +15,17 @@
 #     - budget_class_exceeded
 package capgate.compose
 
+import data.capgate.provenance
 import data.capgate.visibility
 
 # METADATA
 # title: Compose decision
 # description: |
-#   {"visible": [name, ...], "excluded": {name: [{"code", "message"}, ...]}}.
-#   Every tool in the catalogue appears in exactly one of the two. Always defined:
-#   with no catalogue both are empty. Asks the whole-catalogue form of the
+#   {"visible": [name, ...], "excluded": {name: [{"code", "message"}, ...]},
+#   "catalogue_digest": digest}. Every tool in the catalogue appears in exactly one
+#   of the two lists. catalogue_digest is the digest of the catalogue the answer was
+#   made under (capgate.provenance), which the client checks. Always defined: with no
+#   catalogue both lists are empty and the digest is null. Asks the whole-catalogue form of the
 #   visibility checks, not is_visible and reasons for each tool: OPA's function calls
 #   per tool and check cost more than the checks (OPA 1.22.4, 10,000 tools: 0.65 s
 #   against 1.7 s).
@@ -36,4 +39,8 @@ import data.capgate.visibility
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
-decision := {"visible": visibility.visible_tools, "excluded": visibility.excluded_tools}
+decision := {
+	"visible": visibility.visible_tools,
+	"excluded": visibility.excluded_tools,
+	"catalogue_digest": provenance.catalogue_digest,
+}

@@ -140,7 +140,7 @@ test_deny_catalogue_missing_or_malformed if {
 	catalogues := [{}, "catalogue", {"tools": []}, {"tools": "all"}, {"tools": {}}]
 	every catalogue in catalogues {
 		decision := compose.decision with input as fixtures_test.compose_input with data.capgate.catalogue as catalogue
-		decision == {"visible": set(), "excluded": {}}
+		decision == {"visible": set(), "excluded": {}, "catalogue_digest": null}
 	}
 }
 

@@ -26,14 +26,17 @@
 #     - pass_idempotency_key
 package capgate.execute
 
+import data.capgate.provenance
 import data.capgate.visibility
 
 # METADATA
 # title: Execute decision
 # description: |
-#   {"allow": bool, "reasons": [{"code", "message"}, ...], "obligations": [...]}.
-#   Always defined, whatever the input: anything missing or malformed is a deny with
-#   a reason. Obligations are only attached to an allow.
+#   {"allow": bool, "reasons": [{"code", "message"}, ...], "obligations": [...],
+#   "catalogue_digest": digest}. Always defined, whatever the input: anything missing
+#   or malformed is a deny with a reason. Obligations are only attached to an allow.
+#   catalogue_digest is the digest of the catalogue the decision was made under
+#   (capgate.provenance), which the client checks.
 # entrypoint: true
 # custom:
 #   reason_codes:
@@ -54,7 +57,12 @@ import data.capgate.visibility
 #     - operation_id_missing
 #   obligation_codes:
 #     - pass_idempotency_key
-decision := {"allow": allow, "reasons": reasons, "obligations": obligations}
+decision := {
+	"allow": allow,
+	"reasons": reasons,
+	"obligations": obligations,
+	"catalogue_digest": provenance.catalogue_digest,
+}
 
 default allow := false
 

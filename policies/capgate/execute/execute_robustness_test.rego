@@ -24,7 +24,8 @@ test_deny_malformed_input_matrix if {
 }
 
 _is_complete_deny(decision) if {
-	object.keys(decision) == {"allow", "reasons", "obligations"}
+	object.keys(decision) == {"allow", "reasons", "obligations", "catalogue_digest"}
+	decision.catalogue_digest == fixtures_test.digest
 	decision.allow == false
 	count(decision.reasons) > 0
 	decision.obligations == set()

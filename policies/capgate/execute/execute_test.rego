@@ -13,6 +13,7 @@ test_allow_approved_quote_with_idempotency_key if {
 		"allow": true,
 		"reasons": set(),
 		"obligations": {{"code": "pass_idempotency_key", "params": {"key": "send-017"}}},
+		"catalogue_digest": fixtures_test.digest,
 	}
 }
 
@@ -338,6 +339,7 @@ test_deny_unknown_tool_stands_alone if {
 		"allow": false,
 		"reasons": {{"code": "unknown_tool", "message": `tool "ghost" is not in the catalogue`}},
 		"obligations": set(),
+		"catalogue_digest": fixtures_test.digest,
 	}
 }
 
