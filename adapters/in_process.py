@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.dispatch.registry import require_catalogue_names
 from gateway.dispatch.transport import CallContext, ToolFunction
+from gateway.errors import quote
 
 __all__ = ["InProcessTools", "ToolSpec", "current_call"]
 
@@ -65,9 +66,9 @@ class InProcessTools:
         if not isinstance(name, str) or not name:
             raise TypeError("a tool name must be a non-empty string")
         if not callable(run):
-            raise TypeError(f"tool {name!r}: run must be callable")
+            raise TypeError(f"tool {quote(name)}: run must be callable")
         if name in self._tools:
-            raise ValueError(f"tool {name!r} is already registered")
+            raise ValueError(f"tool {quote(name)} is already registered")
         if self._known is not None:
             require_catalogue_names([name], self._known)
         self._tools[name] = ToolSpec(name, description, run)

@@ -9,6 +9,12 @@
 Every command exits 0 on success and 2 on an error (bad input, catalogue or
 address; OPA unavailable); ``eval`` exits 3 for a denied call, ``demo`` 1 when an
 expectation of the demo did not hold, and any command 130 on Ctrl-C.
+
+``eval`` shows an answer only after the checks the dispatcher applies before obeying
+it (:mod:`gateway.dispatch.verify`, the same functions): an allow the dispatcher
+would refuse (with reasons, for a tool or version the catalogue lacks, with
+obligations other than the contract's) or a compose naming tools the catalogue
+lacks is an error, exit status 2, with the reason; never a 0.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pydantic import ValidationError
 
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import compile_catalogue, load_catalogue
+from gateway.dispatch.verify import verify_compose, verify_execute
 from gateway.errors import CapgateError, InvalidInput
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
@@ -68,6 +75,9 @@ def _read_input(path: Path) -> Any:
         raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
     try:
         return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        # Both parsers recurse once per level; the models never nest this deep.
+        raise InvalidInput(f"{path}: nested too deeply to be an input document") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InvalidInput(
             f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
@@ -111,11 +121,15 @@ def _eval(args: argparse.Namespace) -> int:
     with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
         if isinstance(facts, ExecuteInput):
             executed = sidecar.client.execute(facts)
+            if executed.allow:
+                # Exactly what the dispatcher checks before it obeys an allow.
+                verify_execute(catalogue, facts, executed)
             if args.json:
                 print(executed.model_dump_json(indent=2))
                 return EXIT_OK if executed.allow else EXIT_DENIED
             return _print_execute(executed)
         composed = sidecar.client.compose(facts)
+        verify_compose(catalogue, composed)
         if args.json:
             print(composed.model_dump_json(indent=2))
             return EXIT_OK

@@ -2,7 +2,9 @@
 
 Callers match on the class or on ``code``; messages are for people and may change.
 Transport and parsing failures are translated into these types at the edge where
-they happen, and none of them is ever turned into an allow::
+they happen, and none of them is ever turned into an allow. Whatever a caller passes
+to ``Dispatcher.call``, ``Dispatcher.compose`` or ``AgentSession``, only these
+errors come back::
 
     CapgateError                 capgate_error
     ├── CatalogueError           catalogue_invalid       a catalogue file is wrong; nothing loaded
@@ -10,16 +12,23 @@ they happen, and none of them is ever turned into an allow::
     ├── PolicyUnavailable        policy_unavailable      no usable decision: fail closed
     │   └── OPAProcessError      opa_process_failed      the embedded OPA could not start
     ├── CapabilityViolation      capability_denied       OPA said no; carries the reason codes
-    │   └── ObligationUnsupported obligation_unsupported an allow on a condition we cannot keep
+    │   └── ObligationUnsupported obligation_unsupported an allow whose obligations are not exactly
+    │                                                    those the contract requires
     ├── ToolNotRegistered        tool_not_registered     granted, but no adapter holds the tool
     ├── ToolNotInCatalogue       tool_not_in_catalogue   a registered name the catalogue lacks
     └── ToolFailed               tool_failed             it ran, but did not succeed; see .outcome
+
+Messages quote what a caller supplied (tool names, identifiers, field paths) only
+through :func:`quote`, which cuts it short: a megabyte-long tool name must not come
+back as a megabyte-long message in a log line or an agent transcript. They never
+quote parameter values or tool output at all (those may hold secrets).
 """
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Final
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -38,7 +47,55 @@ __all__ = [
     "ToolFailed",
     "ToolNotInCatalogue",
     "ToolNotRegistered",
+    "cut",
+    "quote",
 ]
+
+#: Characters of a quoted value kept by :func:`quote` unless told otherwise.
+QUOTE_LIMIT: Final = 80
+#: Problems (or names) listed in one message; the rest are counted.
+_MAX_LISTED: Final = 3
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = QUOTE_LIMIT
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters.
+
+    A string longer than ``limit`` keeps its beginning and says how long it was,
+    ``'aaaa'… (1000000 characters)``, so the reader still recognises it. Other values
+    go through :mod:`reprlib` (which also survives objects whose ``repr`` fails or
+    integers too long to print). Every caller-supplied value in a capgate message
+    goes through here.
+    """
+    if isinstance(value, str):
+        text = str.__str__(value)
+        if len(text) <= limit:
+            shown = repr(text)
+            if len(shown) <= limit + 2:
+                return shown
+        # Escapes can make a short prefix long ('\U0010ffff' is 12 characters):
+        # shrink the prefix until its repr fits.
+        keep = min(len(text), limit)
+        shown = repr(text[:keep])
+        while len(shown) > limit + 2 and keep > 1:
+            keep //= 2
+            shown = repr(text[:keep])
+        return f"{shown}… ({len(text)} characters)"
+    try:
+        shown = _REPR.repr(value)
+    except Exception:  # a hostile __repr__, an integer past the digit limit, ...
+        return f"<{type(value).__name__}>"
+    return shown if len(shown) <= limit + 2 else f"{shown[:limit]}…"
+
+
+def cut(text: str, limit: int = 300) -> str:
+    """``text`` shortened to ``limit`` characters with an ellipsis (no quotes added).
+
+    For messages assembled from several parts, e.g. a validator's own wording.
+    """
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 class CapgateError(Exception):
@@ -70,12 +127,21 @@ class InvalidInput(CapgateError):
 
     @classmethod
     def from_validation(cls, exc: ValidationError, where: str) -> InvalidInput:
-        """One message naming every bad field of a pydantic validation failure."""
-        problems = "; ".join(
-            f"field {'.'.join(str(p) for p in e['loc']) or '(top)'!r}: {e['msg']}"
-            for e in exc.errors()
-        )
-        return cls(f"{where}: {problems}")
+        """One short message naming the bad fields of a pydantic validation failure.
+
+        Field paths come from the caller's data (a connection alias is a dict key),
+        so each is cut with :func:`quote`; pydantic's ``msg`` names the rule, never
+        the value. Only the first few problems are listed, the rest are counted.
+        """
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        problems = [
+            f"field {quote('.'.join(str(p) for p in e['loc']) or '(top)')}: "
+            f"{cut(e['msg'].removeprefix('Value error, '), 240)}"
+            for e in errors[:_MAX_LISTED]
+        ]
+        more = f"; and {len(errors) - _MAX_LISTED} more problem(s)"
+        listed = cut("; ".join(problems), 400)
+        return cls(f"{where}: {listed}{more if len(errors) > _MAX_LISTED else ''}")
 
 
 class PolicyUnavailable(CapgateError):
@@ -109,8 +175,15 @@ class CapabilityViolation(CapgateError):
         self.tool = tool
         self.reasons = list(reasons)
         self.decision_id = decision_id
-        codes = ", ".join(r.code for r in self.reasons) or "no reason given"
-        super().__init__(f"call to {tool!r} denied: {codes}")
+        codes = ", ".join(cut(r.code, 40) for r in self.reasons[:10]) or "no reason given"
+        if len(self.reasons) > 10:
+            codes += f" and {len(self.reasons) - 10} more"
+        super().__init__(f"call to {quote(tool)} denied: {codes}{self._detail()}")
+
+    def _detail(self) -> str:
+        """More text for the message; the policy's own reason messages stay out of it
+        (they name facts such as tenants and roles)."""
+        return ""
 
     @property
     def reason_codes(self) -> list[str]:
@@ -119,13 +192,23 @@ class CapabilityViolation(CapgateError):
 
 
 class ObligationUnsupported(CapabilityViolation):
-    """OPA allowed the call under an obligation this dispatcher cannot fulfil.
+    """OPA allowed the call under obligations other than those this dispatcher keeps.
 
-    An obligation the enforcement point does not understand turns an allow into a
-    deny: keeping half of a conditional allow would be weaker than the policy said.
+    The dispatcher derives from the tool's contract exactly which obligations an
+    allow must carry (for an ``idempotent_with_key`` tool, ``pass_idempotency_key``
+    with the call's operation id as the key) and refuses any allow whose obligations
+    differ: one it does not know, one missing, one extra or repeated, or one with
+    other parameters. Keeping half of a conditional allow would be weaker than the
+    policy said, and an allow that omits a condition the contract needs (running a
+    keyed tool with no key) is a policy bug that must not reach the tool. Each reason
+    (code ``obligation_unsupported``) says which of these it was.
     """
 
     code: ClassVar[str] = "obligation_unsupported"
+
+    def _detail(self) -> str:
+        # These messages are the dispatcher's own, not the policy's: safe to show.
+        return " (" + "; ".join(r.message for r in self.reasons[:5]) + ")" if self.reasons else ""
 
 
 class ToolNotRegistered(CapgateError):
@@ -135,7 +218,7 @@ class ToolNotRegistered(CapgateError):
 
     def __init__(self, tool: str) -> None:
         self.tool = tool
-        super().__init__(f"tool {tool!r} is granted but not registered with any adapter")
+        super().__init__(f"tool {quote(tool)} is granted but not registered with any adapter")
 
 
 class ToolNotInCatalogue(CapgateError):
@@ -152,10 +235,12 @@ class ToolNotInCatalogue(CapgateError):
         self.names = list(names)
         self.suggestions = suggestions
         parts = []
-        for name in self.names:
+        for name in self.names[:_MAX_LISTED]:
             close = suggestions.get(name) or []
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            parts.append(f"{name!r}{hint}")
+            hint = f" (did you mean {quote(close[0])}?)" if close else ""
+            parts.append(f"{quote(name)}{hint}")
+        if len(self.names) > _MAX_LISTED:
+            parts.append(f"and {len(self.names) - _MAX_LISTED} more")
         super().__init__(
             f"registered tool(s) not in the catalogue: {', '.join(parts)}; "
             "add them to tools.yaml or fix the name"
@@ -177,6 +262,6 @@ class ToolFailed(CapgateError):
         # The tool's own error text stays on .outcome: it is untrusted and may quote
         # provider responses, and exception messages tend to end up in logs.
         super().__init__(
-            f"tool {outcome.tool!r} ended {outcome.status.value} "
-            f"(operation {outcome.operation_id}){hint}"
+            f"tool {quote(outcome.tool)} ended {outcome.status.value} "
+            f"(operation {quote(outcome.operation_id)}){hint}"
         )

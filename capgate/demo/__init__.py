@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.errors import quote
+
 __all__ = ["demo_catalogue_dir", "demo_catalogue_names"]
 
 _CATALOGUES = Path(__file__).resolve().parent / "catalogues"
@@ -26,5 +28,5 @@ def demo_catalogue_dir(name: str) -> Path:
     """
     names = demo_catalogue_names()
     if name not in names:
-        raise ValueError(f"unknown demo catalogue {name!r}; choose one of: {', '.join(names)}")
+        raise ValueError(f"unknown demo catalogue {quote(name)}; choose one of: {', '.join(names)}")
     return _CATALOGUES / name

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
-from gateway.errors import CatalogueError
+from gateway.errors import CatalogueError, cut, quote
 from gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
@@ -66,7 +66,7 @@ class _StrictLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
-                    f"found duplicate key {key!r} (first given on line {first_line[key]})",
+                    f"found duplicate key {quote(key)} (first given on line {first_line[key]})",
                     key_node.start_mark,
                 )
             first_line[key] = key_node.start_mark.line + 1
@@ -128,6 +128,10 @@ def _read_section(directory: Path, filename: str, problems: list[str]) -> object
     except yaml.YAMLError as exc:
         problems.append(f"{filename}: {_yaml_problem(exc)}")
         return None
+    except RecursionError:
+        # PyYAML builds nested values recursively; no catalogue nests this deep.
+        problems.append(f"{filename}: invalid YAML: nested too deeply to read")
+        return None
     expected = f"expected a mapping with the single key '{key}'"
     if document is None:
         problems.append(f"{filename}: the file is empty; {expected}")
@@ -137,7 +141,7 @@ def _read_section(directory: Path, filename: str, problems: list[str]) -> object
         return None
     unknown = [k for k in document if k != key]
     problems.extend(
-        f"{filename}: top level: unknown key {k!r}; only '{key}' is allowed" for k in unknown
+        f"{filename}: top level: unknown key {quote(k)}; only '{key}' is allowed" for k in unknown
     )
     if key not in document:
         problems.append(f"{filename}: top level: missing key '{key}'")
@@ -150,13 +154,14 @@ def _read_section(directory: Path, filename: str, problems: list[str]) -> object
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``roles[1]``, ``input_schema``; cut short, as a misspelt field name may be long."""
     path = ""
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
             path += f".{part}" if path else part
-    return path
+    return cut(path, 120)
 
 
 def _error_message(error: ErrorDetails, model: type[BaseModel]) -> str:
@@ -228,14 +233,14 @@ def _load_tools(
         if len(found_at) > 1:
             where = _join([f"tools[{i}]" for i in found_at])
             problems.append(
-                f"{file}: tool {name!r}: the name is defined more than once, at {where}"
+                f"{file}: tool {quote(name)}: the name is defined more than once, at {where}"
             )
 
     tools: dict[str, ToolContract] = {}
     for index, raw in enumerate(section):
         name = raw.get("name") if isinstance(raw, dict) else None
         if isinstance(name, str) and name:
-            where = f"{file}: tool {name!r}"
+            where = f"{file}: tool {quote(name)}"
             if len(indexes[name]) > 1:
                 where += f" (tools[{index}])"
         else:
@@ -248,7 +253,7 @@ def _load_tools(
             for position, role in enumerate(roles):
                 if _is_identifier(role) and role not in role_names:
                     problems.append(
-                        f"{where}: field 'roles[{position}]': unknown role {role!r} "
+                        f"{where}: field 'roles[{position}]': unknown role {quote(role)} "
                         f"(roles.yaml defines: {_known(role_names)})"
                     )
     return tools, set(indexes)
@@ -274,7 +279,7 @@ def _load_named(
     specs: dict[str, _Spec] = {}
     raw_entries: dict[str, object] = {}
     for name, raw in section.items():
-        where = f"{file}: {label} {name!r}"
+        where = f"{file}: {label} {quote(name)}"
         if not isinstance(name, str):
             problems.append(f"{where}: the name must be a string, got {_kind(name)}")
             continue
@@ -301,8 +306,8 @@ def _check_task_tools(
         for position, tool in enumerate(tools):
             if _is_identifier(tool) and tool not in tool_names:
                 problems.append(
-                    f"task_types.yaml: task type {name!r}: field 'tools[{position}]': "
-                    f"unknown tool {tool!r} (not defined in tools.yaml)"
+                    f"task_types.yaml: task type {quote(name)}: field 'tools[{position}]': "
+                    f"unknown tool {quote(tool)} (not defined in tools.yaml)"
                 )
 
 

@@ -5,6 +5,10 @@ only the tools OPA made visible, with the catalogue's reviewed descriptions (nev
 description a remote server announced), and ``call_tool`` goes through the full
 execute check every time: visibility at compose time is a courtesy to the model,
 the execute decision is the boundary.
+
+An agent loop feeds ``call_tool`` whatever the model produced, so every argument is
+checked: malformed ones end in :class:`~gateway.errors.InvalidInput`, and nothing
+outside :mod:`gateway.errors` comes back from a session.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.dispatch.dispatcher import Dispatcher
-from gateway.errors import ToolFailed
+from gateway.errors import InvalidInput, ToolFailed
 from gateway.model.decisions import ComposeDecision
 from gateway.model.facts import Approval, ComposeInput
 from gateway.model.outcomes import Outcome
@@ -34,8 +38,8 @@ class AgentSession:
     ) -> None:
         self.dispatcher = dispatcher
         self.facts = facts
-        self.evidence = frozenset(evidence)
-        self.approvals = dict(approvals or {})
+        self.evidence = _evidence(evidence)
+        self.approvals = _approvals(approvals)
         self.composition: ComposeDecision = dispatcher.compose(facts)
         self.last_outcome: Outcome | None = None
 
@@ -60,14 +64,49 @@ class AgentSession:
         tool ran but did not succeed (the Outcome, with its recovery hint, is on
         the exception and in ``last_outcome``).
         """
+        if not isinstance(name, str):
+            raise InvalidInput(f"the tool name must be a string, not a {type(name).__name__}")
         outcome = self.dispatcher.call(
             self.facts,
             name,
             params,
             approval=self.approvals.get(name),
-            evidence=self.evidence,
+            evidence=sorted(self.evidence),
         )
         self.last_outcome = outcome
         if not outcome.ok or outcome.result is None:
             raise ToolFailed(outcome)
         return dict(outcome.result)
+
+
+def _evidence(evidence: object) -> frozenset[str]:
+    """The evidence names, or InvalidInput (one string is not a list of names)."""
+    if isinstance(evidence, str | bytes) or not isinstance(evidence, Iterable):
+        raise InvalidInput(
+            f"evidence must be a collection of names, not a {type(evidence).__name__}"
+        )
+    try:
+        names = list(evidence)
+    except Exception as exc:  # the caller's own iterable failed
+        raise InvalidInput(f"evidence could not be read ({type(exc).__name__})") from None
+    if not all(isinstance(name, str) for name in names):
+        raise InvalidInput("evidence must hold names (strings) only")
+    return frozenset(str.__str__(name) for name in names)
+
+
+def _approvals(approvals: object) -> dict[str, Approval]:
+    """Approvals by tool name, or InvalidInput."""
+    if approvals is None:
+        return {}
+    if not isinstance(approvals, Mapping):
+        raise InvalidInput(
+            f"approvals must map tool names to Approvals, not a {type(approvals).__name__}"
+        )
+    try:
+        items = list(approvals.items())
+    except Exception as exc:  # the caller's own Mapping failed
+        raise InvalidInput(f"approvals could not be read ({type(exc).__name__})") from None
+    for tool, approval in items:
+        if not isinstance(tool, str) or not isinstance(approval, Approval):
+            raise InvalidInput("approvals must map tool names (strings) to Approval objects")
+    return {str.__str__(tool): approval for tool, approval in items}

@@ -2,45 +2,56 @@
 
 The dispatcher decides nothing itself. For each call it
 
-1. copies the parameters once as plain JSON, validates that copy against the
-   tool's input schema (bad input never reaches OPA or the tool) and computes its
-   digest itself; the same copy is what the tool later receives;
+1. checks the call's arguments and copies the parameters once as plain JSON within
+   :mod:`gateway.digest`'s limits (iteratively: no nesting reaches a recursive
+   reader), validates that copy against the tool's input schema (bad input never
+   reaches OPA or the tool) and computes its digest itself; the same copy is what
+   the tool later receives;
 2. asks OPA's ``capgate/execute`` once, failing closed on any problem;
-3. refuses unless the answer is an unconditional allow or carries only obligations
-   it knows how to keep;
+3. obeys the answer only if it fits the catalogue and the call, with exactly the
+   obligations the contract requires (:mod:`gateway.dispatch.verify`, which
+   ``capgate eval`` runs too);
 4. only then looks up a transport (so a denied call touches none) and runs the tool;
 5. turns whatever happened into an :class:`~gateway.model.outcomes.Outcome`.
 
-Tool output is untrusted: it is checked against the output schema and returned as
-data, never interpreted.
+Malformed arguments of any kind end in :class:`~gateway.errors.InvalidInput`, and a
+decider that fails in any way in :class:`~gateway.errors.PolicyUnavailable`: nothing
+outside :mod:`gateway.errors` leaves ``call`` or ``compose`` before the tool runs.
+Tool output is untrusted: it is copied within the output limits, checked against the
+output schema and returned as data, never interpreted; output that breaks any of
+that is an ``unknown`` outcome (the tool has run), never an exception.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
-import jsonschema
+from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
-from gateway.digest import canonical_json, digest_of
+from gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
 from gateway.dispatch.registry import ToolRegistry
 from gateway.dispatch.transport import Adapter, CallContext
+from gateway.dispatch.verify import Grant, verify_compose, verify_execute
 from gateway.errors import (
-    CapabilityViolation,
+    CapgateError,
     InvalidInput,
     ObligationUnsupported,
     PolicyUnavailable,
     ToolNotRegistered,
+    cut,
+    quote,
 )
 from gateway.model.contracts import Catalogue, Idempotency, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
 from gateway.model.facts import Approval, ComposeInput, ExecuteInput
 from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.model.schema import schema_validator
 
 __all__ = ["DecisionEvent", "Dispatcher", "PolicyDecider"]
 
@@ -76,6 +87,9 @@ def _codes(reasons: Iterable[Reason]) -> tuple[str, ...]:
     return tuple(sorted({r.code for r in reasons}))
 
 
+_D = TypeVar("_D")
+
+
 class Dispatcher:
     """Enforces OPA's decisions for one catalogue, one policy client and one registry."""
 
@@ -97,14 +111,15 @@ class Dispatcher:
     # -- compose -------------------------------------------------------------------
 
     def compose(self, facts: ComposeInput) -> ComposeDecision:
-        """Ask which tools this agent may see; one OPA query whatever the catalogue size."""
-        decision = self.policy.compose(facts)
-        strangers = sorted(set(decision.visible) - set(self.catalogue.tools))
-        if strangers:
-            # OPA and this process disagree about the catalogue: trust neither.
-            raise PolicyUnavailable(
-                f"OPA made tools visible that this dispatcher's catalogue lacks: {strangers}"
-            )
+        """Ask which tools this agent may see; one OPA query whatever the catalogue size.
+
+        Raises InvalidInput for facts that are not a ComposeInput and
+        PolicyUnavailable for no usable answer, including one that does not fit the
+        catalogue (:func:`~gateway.dispatch.verify.verify_compose`).
+        """
+        facts = _compose_facts(facts)
+        decision = _ask(self.policy.compose, facts, "compose")
+        verify_compose(self.catalogue, decision)
         self._emit(
             DecisionEvent(
                 kind="compose",
@@ -134,10 +149,38 @@ class Dispatcher:
         ObligationUnsupported) and ToolNotRegistered, all before the tool is entered.
         Once the tool has been entered the result is always an Outcome.
         """
+        grant, request, params_copy = self._authorise(
+            facts, tool, params, operation_id, approval, evidence
+        )
+        adapter = self.registry.adapter_for(grant.contract.name)
+        if adapter is None:
+            self._emit_call(request, grant.decision_id, allow=True, reasons=(), status=None)
+            raise ToolNotRegistered(grant.contract.name)
+        return self._run(adapter, grant, request, params_copy)
+
+    def _authorise(
+        self,
+        facts: ComposeInput,
+        tool: str,
+        params: Mapping[str, Any],
+        operation_id: str | None,
+        approval: Approval | None,
+        evidence: Iterable[str],
+    ) -> tuple[Grant, ExecuteInput, dict[str, Any]]:
+        """Check, ask and verify; return the frozen grant, or raise before any tool runs."""
+        facts = _compose_facts(facts)
+        if not isinstance(tool, str):
+            raise InvalidInput(f"the tool name must be a string, not a {type(tool).__name__}")
+        tool = str.__str__(tool)  # a plain str: a subclass could hash or compare its own way
+        if operation_id is not None and not isinstance(operation_id, str):
+            raise InvalidInput(
+                f"operation_id must be a string or None, not a {type(operation_id).__name__}"
+            )
+        approval = _approval(approval)
+        names = _evidence(evidence)
         # One private, plain-JSON copy: what is validated and hashed is exactly what the
         # tool receives, whatever the caller does to its own objects meanwhile.
-        canonical = canonical_json(dict(params))
-        authorised: dict[str, Any] = json.loads(canonical)
+        authorised, canonical = plain_params(params)
         contract = self.catalogue.tools.get(tool)
         if contract is not None:
             _validate_params(contract, self._schemas_for(contract).input, authorised)
@@ -149,59 +192,55 @@ class Dispatcher:
             digest_of(canonical),
             operation_id,
             approval,
-            evidence,
+            names,
         )
 
-        decision = self.policy.execute(request)
-        if not decision.allow:
-            self._emit_call(request, decision, status=None)
+        decision = _ask(self.policy.execute, request, "execute")
+        if isinstance(decision, ExecuteDecision) and not decision.allow:
+            self._emit_call(request, decision.decision_id, False, decision.reasons, None)
             log.info(
                 "deny tool=%s operation=%s reasons=%s decision=%s",
-                tool,
+                quote(tool),
                 request.call.operation_id,
-                ",".join(decision.reason_codes),
+                ",".join(_codes(decision.reasons)),
                 decision.decision_id,
             )
-            raise CapabilityViolation(tool, decision.reasons, decision_id=decision.decision_id)
-        if decision.reasons or contract is None:
-            # An allow that also gives reasons, or allows a tool we have no contract for,
-            # contradicts the policy contract: refuse rather than guess.
-            log.warning(
-                "refused inconsistent allow tool=%s decision=%s", tool, decision.decision_id
-            )
-            raise PolicyUnavailable(f"OPA returned an inconsistent allow for {tool!r}")
         try:
-            idempotency_key = _keep_obligations(tool, decision)
-        except ObligationUnsupported:
+            grant = verify_execute(self.catalogue, request, decision)
+        except ObligationUnsupported as exc:  # an allow refused, not a deny
             log.warning(
-                "refused allow with unsupported obligations tool=%s obligations=%s decision=%s",
-                tool,
-                ",".join(o.code for o in decision.obligations),
-                decision.decision_id,
+                "refused allow with unsupported obligations tool=%s decision=%s: %s",
+                quote(tool),
+                exc.decision_id,
+                exc,
             )
             raise
+        except PolicyUnavailable as exc:
+            log.warning("refused inconsistent allow tool=%s: %s", quote(tool), exc)
+            raise
+        return grant, request, authorised
 
-        adapter = self.registry.adapter_for(tool)
-        if adapter is None:
-            self._emit_call(request, decision, status=None)
-            raise ToolNotRegistered(tool)
+    def _run(
+        self, adapter: Adapter, grant: Grant, request: ExecuteInput, params: dict[str, Any]
+    ) -> Outcome:
+        contract = grant.contract
         context = CallContext(
-            operation_id=request.call.operation_id,
-            idempotency_key=idempotency_key,
+            operation_id=grant.operation_id,
+            idempotency_key=grant.idempotency_key,
             connection_alias=contract.connection_alias,
         )
         outcome = _run(
-            adapter, contract, self._schemas_for(contract).output, authorised, context, decision
+            adapter, contract, self._schemas_for(contract).output, params, context, grant
         )
-        self._emit_call(request, decision, status=outcome.status.value)
+        self._emit_call(request, grant.decision_id, True, (), outcome.status.value)
         log.info(
             "call tool=%s version=%d operation=%s alias=%s status=%s decision=%s",
-            tool,
+            contract.name,
             contract.version,
             outcome.operation_id,
             contract.connection_alias,
             outcome.status.value,
-            decision.decision_id,
+            grant.decision_id,
         )
         return outcome
 
@@ -214,7 +253,7 @@ class Dispatcher:
         digest: str,
         operation_id: str | None,
         approval: Approval | None,
-        evidence: Iterable[str],
+        evidence: list[str],
     ) -> ExecuteInput:
         call: dict[str, Any] = {
             "tool": tool,
@@ -222,7 +261,7 @@ class Dispatcher:
             "version": contract.version if contract else 1,
             # An approval is for one operation: calling under it continues that operation.
             "operation_id": operation_id
-            or (approval.operation_id if approval else None)
+            or (approval.operation_id if approval is not None else None)
             or f"op-{uuid.uuid4()}",
             "subject": _subject(contract, params) if contract else None,
             # Of the same canonical bytes the copy was made from: hashed once, not twice.
@@ -238,16 +277,14 @@ class Dispatcher:
                 }
             )
         except ValidationError as exc:
-            raise InvalidInput.from_validation(exc, f"call to {tool!r}") from None
+            raise InvalidInput.from_validation(exc, f"call to {quote(tool)}") from None
 
     def _schemas_for(self, contract: ToolContract) -> _Schemas:
         """Compiled validators, built once per tool rather than on every call."""
         schemas = self._schemas.get(contract.name)
         if schemas is None:
-            checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
             schemas = _Schemas(
-                jsonschema.Draft202012Validator(contract.input_schema, format_checker=checker),
-                jsonschema.Draft202012Validator(contract.output_schema, format_checker=checker),
+                schema_validator(contract.input_schema), schema_validator(contract.output_schema)
             )
             self._schemas[contract.name] = schemas
         return schemas
@@ -255,16 +292,21 @@ class Dispatcher:
     # -- tracing -------------------------------------------------------------------
 
     def _emit_call(
-        self, request: ExecuteInput, decision: ExecuteDecision, status: str | None
+        self,
+        request: ExecuteInput,
+        decision_id: str | None,
+        allow: bool,
+        reasons: Iterable[Reason],
+        status: str | None,
     ) -> None:
         self._emit(
             DecisionEvent(
                 kind="execute",
                 agent=request.principal.agent,
-                allow=decision.allow,
+                allow=allow,
                 tool=request.call.tool,
-                reason_codes=_codes(decision.reasons),
-                decision_id=decision.decision_id,
+                reason_codes=_codes(reasons),
+                decision_id=decision_id,
                 status=status,
             )
         )
@@ -274,48 +316,132 @@ class Dispatcher:
             self._observer(event)
 
 
+# -- checking the call's arguments ---------------------------------------------------
+
+
+def _compose_facts(facts: object) -> ComposeInput:
+    """The facts as a ComposeInput; a richer model (an ExecuteInput) is cut down to one."""
+    if not isinstance(facts, ComposeInput):
+        raise InvalidInput(f"facts must be a ComposeInput, not a {type(facts).__name__}")
+    if type(facts) is not ComposeInput:
+        facts = ComposeInput.model_validate(
+            facts.model_dump(include=set(ComposeInput.model_fields))
+        )
+    return facts
+
+
+def _approval(approval: object) -> Approval | None:
+    if approval is None or isinstance(approval, Approval):
+        return approval
+    raise InvalidInput(f"approval must be an Approval or None, not a {type(approval).__name__}")
+
+
+#: Evidence names accepted per call; a contract requires a handful.
+MAX_EVIDENCE: Final = 256
+
+
+def _evidence(evidence: object) -> list[str]:
+    """The evidence names as a list of strings, or InvalidInput.
+
+    A single string is refused: iterating it would present its letters as evidence.
+    """
+    if isinstance(evidence, str | bytes) or not isinstance(evidence, Iterable):
+        raise InvalidInput(
+            f"evidence must be a collection of names, not a {type(evidence).__name__}"
+        )
+    try:
+        names = list(itertools.islice(evidence, MAX_EVIDENCE + 1))
+    except Exception as exc:  # the caller's own iterable failed
+        raise InvalidInput(f"evidence could not be read ({type(exc).__name__})") from None
+    if len(names) > MAX_EVIDENCE:
+        raise InvalidInput(f"evidence: more than the limit of {MAX_EVIDENCE} names")
+    for position, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InvalidInput(
+                f"evidence[{position}] must be a name (a string), not a {type(name).__name__}"
+            )
+    return [str.__str__(name) for name in names]
+
+
+def _ask(question: Callable[[Any], _D], facts: Any, kind: str) -> _D:
+    """One question to the decider; any failure of its own is PolicyUnavailable.
+
+    The real client already raises nothing else, but a decider is a plug-in point:
+    whatever it raises (a bug, a timeout of its own) must fail closed, not escape
+    as an exception the caller does not expect.
+    """
+    try:
+        return question(facts)
+    except CapgateError:
+        raise
+    except Exception as exc:
+        raise PolicyUnavailable(
+            f"the policy decider failed on {kind} ({type(exc).__name__}); failing closed"
+        ) from exc
+
+
 # -- helpers ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class _Schemas:
-    input: jsonschema.protocols.Validator
-    output: jsonschema.protocols.Validator
+    input: Validator
+    output: Validator
 
 
-def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy through canonical JSON, or InvalidInput for anything that is not JSON."""
-    copied: dict[str, Any] = json.loads(canonical_json(dict(value)))
-    return copied
+#: Schema errors collected before giving up on listing them all.
+_MAX_ERRORS: Final = 100
 
 
-def _schema_problem(validator: jsonschema.protocols.Validator, value: Any) -> str | None:
+def _schema_problem(validator: Validator, value: Any) -> str | None:
     """Where ``value`` breaks the schema and which rule it breaks, or None.
 
     Names the path and the schema keyword only: jsonschema's own messages quote the
-    offending value, and parameters or tool output may hold secrets.
+    offending value, and parameters or tool output may hold secrets. The keywords
+    capgate implements itself (``required``, ``additionalProperties``,
+    ``unevaluatedProperties``, ``pattern``, ``format``) word their messages without
+    values, so those are shown. Raises _Unevaluable if the schema itself cannot be
+    evaluated (a stack too deep for it, or a reference gone wrong).
     """
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    try:
+        errors = list(itertools.islice(validator.iter_errors(value), _MAX_ERRORS))
+    except RecursionError:
+        raise _Unevaluable("too deeply nested for the schema to be evaluated") from None
+    except Exception as exc:  # e.g. an unresolvable $ref that escaped the load checks
+        raise _Unevaluable(f"the schema could not be evaluated ({type(exc).__name__})") from None
     if not errors:
         return None
+    errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
     first = errors[0]
-    where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+    where = quote("/".join(str(p) for p in first.absolute_path) or "(top level)")
     rule = first.validator
-    if rule in {"required", "additionalProperties"}:
-        # These name fields of the schema, not values: safe and much more helpful.
-        detail = first.message
+    if rule == "required":
+        required = first.validator_value if isinstance(first.validator_value, list) else []
+        instance = first.instance if isinstance(first.instance, dict) else {}
+        missing = [name for name in required if name not in instance]
+        detail = "missing required field(s) " + ", ".join(quote(m, 40) for m in missing[:5])
+    elif rule in {"additionalProperties", "unevaluatedProperties", "pattern", "format"}:
+        detail = cut(first.message, 200)  # our own wording: names and rules only
     else:
-        detail = f"fails the schema's {rule!r} rule"
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{where!r}: {detail}{more}"
+        detail = f"fails the schema's {quote(str(rule), 40)} rule"
+    count = len(errors)
+    more = ""
+    if count > 1:
+        more = f" (and {'more than ' if count >= _MAX_ERRORS else ''}{count - 1} more problem(s))"
+    return f"{where}: {detail}{more}"
 
 
-def _validate_params(
-    contract: ToolContract, validator: jsonschema.protocols.Validator, params: dict[str, Any]
-) -> None:
-    problem = _schema_problem(validator, params)
+class _Unevaluable(Exception):
+    """The schema could not be evaluated on this value; the message holds no values."""
+
+
+def _validate_params(contract: ToolContract, validator: Validator, params: dict[str, Any]) -> None:
+    try:
+        problem = _schema_problem(validator, params)
+    except _Unevaluable as exc:
+        raise InvalidInput(f"tool {quote(contract.name)}: parameters: {exc}") from None
     if problem is not None:
-        raise InvalidInput(f"tool {contract.name!r}: parameter {problem}")
+        raise InvalidInput(f"tool {quote(contract.name)}: parameter {problem}")
 
 
 def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str] | None:
@@ -330,45 +456,23 @@ def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str
     value = params.get(field)
     if not isinstance(value, str) or not value:
         raise InvalidInput(
-            f"tool {contract.name!r}: parameter {field!r} must name the {contract.subject_type}"
+            f"tool {quote(contract.name)}: parameter {quote(field)} must name "
+            f"the {contract.subject_type}"
         )
     return {"type": contract.subject_type, "id": value}
 
 
-_KNOWN_OBLIGATIONS = frozenset({"pass_idempotency_key"})
-
-
-def _keep_obligations(tool: str, decision: ExecuteDecision) -> str | None:
-    """Check every obligation is one we keep; return the idempotency key, if any."""
-    unknown = [o for o in decision.obligations if o.code not in _KNOWN_OBLIGATIONS]
-    if unknown:
-        reasons = [_unsupported(o) for o in unknown]
-        raise ObligationUnsupported(tool, reasons, decision_id=decision.decision_id)
-    key: str | None = None
-    for obligation in decision.obligations:
-        value = obligation.params.get("key")
-        if not isinstance(value, str) or not value:
-            raise ObligationUnsupported(
-                tool, [_unsupported(obligation)], decision_id=decision.decision_id
-            )
-        key = value
-    return key
-
-
-def _unsupported(obligation: Obligation) -> Reason:
-    return Reason(
-        code="obligation_unsupported",
-        message=f"obligation {obligation.code!r} cannot be kept by this dispatcher",
-    )
+#: Characters of a tool's own error text kept in an Outcome.
+MAX_ERROR_TEXT: Final = 2000
 
 
 def _run(
     adapter: Adapter,
     contract: ToolContract,
-    output_validator: jsonschema.protocols.Validator,
+    output_validator: Validator,
     params: dict[str, Any],
     context: CallContext,
-    decision: ExecuteDecision,
+    grant: Grant,
 ) -> Outcome:
     def outcome(status: OutcomeStatus, **fields: Any) -> Outcome:
         return Outcome(
@@ -376,7 +480,7 @@ def _run(
             version=contract.version,
             operation_id=context.operation_id,
             status=status,
-            decision_id=decision.decision_id,
+            decision_id=grant.decision_id,
             **fields,
         )
 
@@ -406,27 +510,33 @@ def _run(
 
 
 def _text(exc: BaseException) -> str:
-    """``str(exc)``, even for an exception whose ``__str__`` itself fails."""
+    """``str(exc)`` cut to :data:`MAX_ERROR_TEXT`, even when ``__str__`` itself fails."""
     try:
-        return str(exc)
+        text = str(exc)
     except Exception:
         return f"<{type(exc).__name__} with an unprintable message>"
+    return cut(text, MAX_ERROR_TEXT)
 
 
 class _BadOutput(Exception):
     """Tool output that breaks the contract; the message holds no output values."""
 
 
-def _checked_output(validator: jsonschema.protocols.Validator, raw: object) -> dict[str, Any]:
+def _checked_output(validator: Validator, raw: object) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise _BadOutput(f"tool returned {type(raw).__name__}, not a JSON object")
     try:
-        result = _json_copy(raw)
-    except InvalidInput:
-        raise _BadOutput("tool output is not plain JSON") from None
-    if set(result) != set(raw):  # e.g. a non-string key that JSON turned into a string
-        raise _BadOutput("tool output has keys that are not strings")
-    problem = _schema_problem(validator, result)
+        if not isinstance(raw, dict):
+            raw = dict(raw.items())
+        result: dict[str, Any] = plain_json(raw, what="tool output", max_bytes=MAX_OUTPUT_BYTES)
+    except InvalidInput as exc:
+        raise _BadOutput(str(exc)) from None
+    except Exception as exc:  # the tool's own Mapping class failed while being read
+        raise _BadOutput(f"tool output could not be read ({type(exc).__name__})") from None
+    try:
+        problem = _schema_problem(validator, result)
+    except _Unevaluable as exc:
+        raise _BadOutput(f"tool output: {exc}") from None
     if problem is not None:
         raise _BadOutput(f"tool output breaks its schema at {problem}")
     return result

@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Iterable
 
 from gateway.dispatch.transport import Adapter
-from gateway.errors import ToolNotInCatalogue
+from gateway.errors import ToolNotInCatalogue, quote
 
 __all__ = ["ToolRegistry", "require_catalogue_names"]
 
@@ -37,7 +37,7 @@ class ToolRegistry:
         adapter offering a name the catalogue lacks is refused.
         """
         if not isinstance(adapter, Adapter):
-            raise TypeError(f"{adapter!r} does not implement the Adapter protocol")
+            raise TypeError(f"{quote(adapter)} does not implement the Adapter protocol")
         if self._catalogue is not None:
             require_catalogue_names(adapter.names(), self._catalogue)
         self._adapters.append(adapter)

@@ -13,12 +13,9 @@ a contract that was checked once must not change afterwards.
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -30,7 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.errors import quote
 from gateway.model.facts import Identifier
+from gateway.model.schema import check_schema
 
 __all__ = [
     "ApprovalKind",
@@ -120,24 +119,19 @@ class CostClass(StrEnum):
 
 
 def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """Reject a schema that is not JSON or not a valid JSON Schema (draft 2020-12).
+    """Reject a schema that capgate would not evaluate exactly as written.
 
     Schemas are checked when the catalogue loads, not when the first call arrives,
-    so a broken schema cannot let parameters through unchecked later.
+    so a broken schema cannot let parameters through unchecked later. Beyond the
+    2020-12 meta-schema this refuses unknown keywords, unchecked formats, patterns
+    that are not ECMA-262 and references that leave the schema
+    (:func:`gateway.model.schema.check_schema`). The contract keeps the plain copy
+    that was checked.
     """
-    try:
-        json.dumps(schema, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"schema is not plain JSON data: {exc}") from None
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
-    return schema
+    return check_schema(schema)
 
 
-#: A JSON Schema (draft 2020-12) held as a plain dict, checked on load.
+#: A JSON Schema (draft 2020-12, capgate's dialect) held as a plain dict, checked on load.
 JSONSchema = Annotated[dict[str, Any], AfterValidator(_check_json_schema)]
 
 #: Free text meant for people and for the model's prompt; blank text is refused.
@@ -244,18 +238,18 @@ class Catalogue(_Spec):
     @model_validator(mode="after")
     def _references_resolve(self) -> Catalogue:
         problems = [
-            f"tools[{key!r}] holds the contract of {tool.name!r}"
+            f"tools[{quote(key)}] holds the contract of {quote(tool.name)}"
             for key, tool in self.tools.items()
             if key != tool.name
         ]
         problems += [
-            f"tool {tool.name!r} grants unknown role {role!r}"
+            f"tool {quote(tool.name)} grants unknown role {quote(role)}"
             for tool in self.tools.values()
             for role in tool.roles
             if role not in self.roles
         ]
         problems += [
-            f"task type {name!r} lists unknown tool {tool!r}"
+            f"task type {quote(name)} lists unknown tool {quote(tool)}"
             for name, spec in self.task_types.items()
             for tool in spec.tools
             if tool not in self.tools
@@ -269,14 +263,14 @@ class Catalogue(_Spec):
         try:
             return self.tools[name]
         except KeyError:
-            raise KeyError(f"unknown tool {name!r}") from None
+            raise KeyError(f"unknown tool {quote(name)}") from None
 
     def task_tools(self, task_type: str) -> list[ToolContract]:
         """The contracts a task type lists, in its order; ``KeyError`` if unknown."""
         try:
             spec = self.task_types[task_type]
         except KeyError:
-            raise KeyError(f"unknown task type {task_type!r}") from None
+            raise KeyError(f"unknown task type {quote(task_type)}") from None
         return [self.tools[name] for name in spec.tools]
 
     def tools_for_role(self, role: str) -> list[ToolContract]:

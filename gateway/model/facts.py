@@ -3,14 +3,30 @@
 Every model forbids unknown fields and checks identifiers, so malformed facts are
 rejected here with the bad field named, before they reach OPA. The JSON shape of
 these models *is* the policy input contract documented in ``docs/policy-interface.md``.
+
+Names that are dict *keys* (an unknown field, a connection alias) are checked before
+pydantic sees them: pydantic puts a bad key into the error's location whole, so a
+megabyte-long alias would come back as a megabyte-long message. Here it is quoted
+cut short (:func:`gateway.errors.quote`).
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from gateway.errors import quote
 
 __all__ = [
     "Approval",
@@ -28,10 +44,26 @@ __all__ = [
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 ]
+_IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
+_NAME_RULE: Final = "1 to 128 letters, digits and _ . : / -, starting with a letter or digit"
 
 
 class _Facts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_fields(cls, data: Any) -> Any:
+        # extra="forbid" would say the same, with the whole unknown key in the message.
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                names = ", ".join(quote(key, 40) for key in unknown[:3])
+                more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+                raise ValueError(
+                    f"unknown field(s) {names}{more}; the fields are {', '.join(cls.model_fields)}"
+                )
+        return data
 
 
 class ConnectionStatus(StrEnum):
@@ -78,6 +110,17 @@ class ComposeInput(_Facts):
     connections: dict[Identifier, ConnectionStatus] = Field(default_factory=dict)
     environment: Identifier
     budget_class: Identifier
+
+    @field_validator("connections", mode="before")
+    @classmethod
+    def _aliases_are_names(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for alias in value:
+                if not isinstance(alias, str) or not _IDENTIFIER.fullmatch(alias):
+                    raise ValueError(
+                        f"connection alias {quote(alias, 40)} is not a name ({_NAME_RULE})"
+                    )
+        return value
 
 
 class Call(_Facts):

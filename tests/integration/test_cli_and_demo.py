@@ -174,3 +174,53 @@ def test_doctor_checks_an_external_opa_against_the_catalogue(tmp_path, capsys):
         oracle = str(demo_catalogue_dir("oracle-grove"))
         assert main(["doctor", "--catalogue", oracle, "--opa", server.address]) == EXIT_ERROR
         assert "FAIL opa address" in capsys.readouterr().out
+
+
+# -- eval applies the dispatcher's checks, and real OPA answers pass them ---------------
+
+
+def test_cli_eval_execute_allow_from_real_opa_passes_the_dispatchers_checks(tmp_path, capsys):
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.digest import params_digest
+
+    params = {
+        "invoice_id": "inv-9",
+        "amount_cents": 120_000,
+        "currency": "EUR",
+        "beneficiary": "DE44500105175407324931",
+    }
+    digest = params_digest(params)
+    document = {
+        "principal": {"agent": "bot", "role": "finance", "tenant": "acme"},
+        "task": {
+            "type": "invoice_payment",
+            "linked_resources": [{"type": "invoice", "id": "inv-9"}],
+        },
+        "connections": {"bank": "active"},
+        "environment": "production",
+        "budget_class": "unlimited",
+        "call": {
+            "tool": "payment.execute",
+            "version": 1,
+            "operation_id": "pay-inv-9",
+            "subject": {"type": "invoice", "id": "inv-9"},
+            "params_digest": digest,
+        },
+        "approval": {
+            "kind": "exact_content_and_recipient",
+            "tool": "payment.execute",
+            "operation_id": "pay-inv-9",
+            "tenant": "acme",
+            "digest": digest,
+            "expires_at": (datetime.now(UTC) + timedelta(minutes=10)).isoformat(),
+            "approved_by": "founder",
+        },
+        "evidence": ["invoice_approved"],
+    }
+    path = tmp_path / "allowed.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    assert main(["eval", "execute", str(path), "--catalogue", SALES]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "allow: true" in out
+    assert 'obligation: pass_idempotency_key {"key": "pay-inv-9"}' in out

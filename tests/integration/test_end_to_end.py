@@ -20,7 +20,7 @@ from gateway.digest import params_digest
 from gateway.dispatch.agent import AgentSession
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import CapabilityViolation, PolicyUnavailable
+from gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable
 from gateway.model.contracts import Catalogue
 from gateway.model.facts import Approval, ComposeInput
 from gateway.model.outcomes import OutcomeStatus
@@ -270,3 +270,28 @@ def test_denials_are_logged_by_python_with_codes_but_no_facts(dispatcher, sales_
     assert secret_subject not in caplog.text
     assert sales_sidecar.process is not None
     assert secret_subject not in sales_sidecar.process.log_path.read_text()
+
+
+# -- fail closed on malformed input, with the real policies behind -----------------------
+
+
+def test_deep_params_are_invalid_input_not_a_recursion_error(dispatcher, desk):
+    deep: Any = "x"
+    for _ in range(1000):
+        deep = {"a": deep}
+    with pytest.raises(InvalidInput, match="limit of 64 levels"):
+        dispatcher.call(facts(), "payment.execute", {**PAYMENT, "memo": deep})
+    assert desk.entered == []
+
+
+def test_a_currency_with_a_trailing_newline_never_reaches_the_bank(dispatcher, desk):
+    sneaky = {**PAYMENT, "currency": "EUR\n"}
+    with pytest.raises(InvalidInput, match="currency"):
+        dispatcher.call(
+            facts(),
+            "payment.execute",
+            sneaky,
+            approval=approval(sneaky),
+            evidence=["invoice_approved"],
+        )
+    assert desk.entered == []

@@ -543,7 +543,7 @@ def test_invalid_json_schema(sales_dir: Path) -> None:
     problem = only_problem(sales_dir)
     assert problem.startswith(
         "tools.yaml: tool 'contact.read': field 'input_schema': "
-        "not a valid JSON Schema at properties/contact_id/type:"
+        "schema path properties/contact_id/type: not a valid JSON Schema:"
     )
 
 
@@ -553,8 +553,9 @@ def test_schema_must_be_plain_json(sales_dir: Path) -> None:
     write(sales_dir, "tools.yaml", data)
     text = (sales_dir / "tools.yaml").read_text(encoding="utf-8")
     (sales_dir / "tools.yaml").write_text(text.replace("'2024-01-01'", "2024-01-01"), "utf-8")
-    assert only_problem(sales_dir).startswith(
-        "tools.yaml: tool 'contact.read': field 'output_schema': schema is not plain JSON data"
+    assert only_problem(sales_dir) == (
+        "tools.yaml: tool 'contact.read': field 'output_schema': schema: not plain JSON: "
+        "field 'examples/0' holds a date, which JSON has no type for"
     )
 
 

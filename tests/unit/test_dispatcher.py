@@ -8,7 +8,6 @@ tested against a real OPA in tests/integration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -28,32 +27,15 @@ from gateway.errors import (
     ToolNotRegistered,
 )
 from gateway.model.contracts import Catalogue
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.decisions import ExecuteDecision, Obligation, Reason
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable
-
-ALLOW = ExecuteDecision(allow=True, reasons=[], obligations=[], decision_id="d-1")
-
-
-@dataclass
-class ScriptedDecider:
-    """Answers with a fixed decision and records every input it was asked about."""
-
-    execute_answer: ExecuteDecision = ALLOW
-    compose_answer: ComposeDecision = field(
-        default_factory=lambda: ComposeDecision(visible=["contact.read"], excluded={})
-    )
-    asked: list[ExecuteInput] = field(default_factory=list)
-    error: Exception | None = None
-
-    def compose(self, facts: ComposeInput) -> ComposeDecision:
-        return self.compose_answer
-
-    def execute(self, facts: ExecuteInput) -> ExecuteDecision:
-        self.asked.append(facts)
-        if self.error is not None:
-            raise self.error
-        return self.execute_answer
+from tests.unit.scripted_decider import (
+    ScriptedDecider,
+    compose_decision,
+    execute_decision,
+    key_obligation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +90,7 @@ def test_dispatcher_computes_digest_and_subject_from_the_params(catalogue, desk,
 
 def test_deny_raises_with_reasons_and_never_enters_tool(catalogue, desk, facts):
     reasons = [Reason(code="role_not_granted", message="no")]
-    decider = ScriptedDecider(ExecuteDecision(allow=False, reasons=reasons, obligations=[]))
+    decider = ScriptedDecider(execute_decision(allow=False, reasons=reasons))
     with pytest.raises(CapabilityViolation) as caught:
         make(catalogue, desk, decider).call(facts, "contact.read", {"contact_id": "c"})
     assert caught.value.reason_codes == ["role_not_granted"]
@@ -124,7 +106,7 @@ def test_policy_unavailable_propagates_and_tool_never_runs(catalogue, desk, fact
 
 
 def test_allow_with_reasons_is_treated_as_inconsistent(catalogue, desk, facts):
-    odd = ExecuteDecision(allow=True, reasons=[Reason(code="x", message="")], obligations=[])
+    odd = execute_decision(reasons=[Reason(code="x", message="")])
     with pytest.raises(PolicyUnavailable, match="inconsistent"):
         make(catalogue, desk, ScriptedDecider(odd)).call(facts, "contact.read", {"contact_id": "c"})
     assert desk.entered == []
@@ -154,9 +136,7 @@ def test_non_json_params_rejected_before_opa(catalogue, desk, facts):
 
 
 def test_unknown_tool_is_asked_so_opa_can_deny_it(catalogue, desk, facts):
-    deny = ExecuteDecision(
-        allow=False, reasons=[Reason(code="unknown_tool", message="")], obligations=[]
-    )
+    deny = execute_decision(allow=False, reasons=[Reason(code="unknown_tool", message="")])
     decider = ScriptedDecider(deny)
     with pytest.raises(CapabilityViolation) as caught:
         make(catalogue, desk, decider).call(facts, "nope.tool", {"a": 1})
@@ -178,11 +158,19 @@ def test_granted_but_unregistered_raises_distinct_error(catalogue, facts):
 
 
 def test_unknown_obligation_turns_allow_into_deny(catalogue, desk, facts):
-    odd = ExecuteDecision(allow=True, reasons=[], obligations=[Obligation(code="notify_regulator")])
+    odd = execute_decision(obligations=[Obligation(code="notify_regulator")])
     with pytest.raises(ObligationUnsupported) as caught:
         make(catalogue, desk, ScriptedDecider(odd)).call(facts, "contact.read", {"contact_id": "c"})
     assert caught.value.reason_codes == ["obligation_unsupported"]
     assert desk.entered == []
+
+
+SEND = {
+    "opportunity_id": "opp-1",
+    "recipient": "buyer@example.test",
+    "subject": "Your quote",
+    "body": "Hello.",
+}
 
 
 def test_idempotency_key_obligation_reaches_the_adapter(catalogue, facts):
@@ -190,7 +178,7 @@ def test_idempotency_key_obligation_reaches_the_adapter(catalogue, facts):
 
     class Recorder:
         def names(self) -> list[str]:
-            return ["contact.read"]
+            return ["quote.prepare_send"]
 
         def has(self, name: str) -> bool:
             return True
@@ -200,27 +188,23 @@ def test_idempotency_key_obligation_reaches_the_adapter(catalogue, facts):
 
         def run(self, name, params, context):
             seen.append(context)
-            return {"contact_id": "c", "name": "n", "email": "e@example.test"}
+            return {"proposal_id": "p-1", "status": "queued_for_review"}
 
-    allow = ExecuteDecision(
-        allow=True,
-        reasons=[],
-        obligations=[Obligation(code="pass_idempotency_key", params={"key": "op-7"})],
-    )
+    allow = execute_decision(obligations=[key_obligation("op-7")])
     dispatcher = Dispatcher(catalogue, ScriptedDecider(allow), ToolRegistry(Recorder()))
-    dispatcher.call(facts, "contact.read", {"contact_id": "c"}, operation_id="op-7")
+    outcome = dispatcher.call(facts, "quote.prepare_send", SEND, operation_id="op-7")
+    assert outcome.status is OutcomeStatus.SUCCESS
     assert seen[0].idempotency_key == "op-7"
-    assert seen[0].connection_alias == "crm"
+    assert seen[0].connection_alias == "sales_mailbox"
 
 
 def test_idempotency_obligation_without_key_is_refused(catalogue, desk, facts):
-    allow = ExecuteDecision(
-        allow=True, reasons=[], obligations=[Obligation(code="pass_idempotency_key")]
-    )
+    allow = execute_decision(obligations=[Obligation(code="pass_idempotency_key")])
     with pytest.raises(ObligationUnsupported):
         make(catalogue, desk, ScriptedDecider(allow)).call(
-            facts, "contact.read", {"contact_id": "c"}
+            facts, "quote.prepare_send", SEND, operation_id="op-7"
         )
+    assert desk.entered == []
 
 
 def _registry_with(fn: Any) -> ToolRegistry:
@@ -294,9 +278,19 @@ def test_output_with_instructions_stays_data(catalogue, facts):
     assert outcome.result == sneaky
 
 
-def test_compose_rejects_tools_unknown_locally(catalogue, desk, facts):
-    decider = ScriptedDecider(compose_answer=ComposeDecision(visible=["ghost"], excluded={}))
-    with pytest.raises(PolicyUnavailable, match="ghost"):
+@pytest.mark.parametrize(
+    "answer",
+    [
+        compose_decision(["ghost"]),
+        compose_decision(["contact.read"], {"ghost": []}),
+        compose_decision(["contact.read"], {"contact.read": []}),
+        compose_decision(["contact.read", "contact.read"]),
+    ],
+    ids=["unknown visible", "unknown excluded", "visible and excluded", "visible twice"],
+)
+def test_compose_rejects_answers_that_do_not_fit_the_catalogue(catalogue, desk, facts, answer):
+    decider = ScriptedDecider(compose_answer=answer)
+    with pytest.raises(PolicyUnavailable):
         make(catalogue, desk, decider).compose(facts)
 
 

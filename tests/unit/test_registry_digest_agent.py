@@ -19,6 +19,7 @@ from gateway.errors import InvalidInput, ToolFailed, ToolNotInCatalogue
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.model.outcomes import OutcomeStatus, ToolRefused
+from tests.unit.scripted_decider import compose_decision, execute_decision
 
 
 class Remote:
@@ -138,10 +139,10 @@ class Decider:
         self.visible = visible
 
     def compose(self, facts: ComposeInput) -> ComposeDecision:
-        return ComposeDecision(visible=self.visible, excluded={}, decision_id="c-1")
+        return compose_decision(self.visible, decision_id="c-1")
 
     def execute(self, facts: ExecuteInput) -> ExecuteDecision:
-        return ExecuteDecision(allow=True, reasons=[], obligations=[], decision_id="e-1")
+        return execute_decision(decision_id="e-1")
 
 
 FACTS = ComposeInput.model_validate(
