@@ -4,7 +4,9 @@
 #   2. a virtual environment in .venv with capgate installed editable, with the dev and
 #      mcp extras, stamped with the hash of pyproject.toml and the checkout's path;
 #   3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
-#      tests/integration/test_packaging.py can install the built wheel offline.
+#      tests/integration/test_packaging.py can install the built wheel offline;
+#   4. the system programs the integration tests start for real: the PostgreSQL
+#      server binaries (installed from Debian's packages when missing and run as root).
 #
 #   scripts/setup.sh          set up whatever is missing or stale
 #   scripts/setup.sh --check  change nothing; exit 0 when all of it is up to date
@@ -201,5 +203,37 @@ PY
       "$logs/wheelhouse.log" fill_wheelhouse "$venv/bin/python" "$wheelhouse" "$reqs"
   fi
 fi
+
+# 4. System programs the integration tests run. Tests never skip for want of them
+# (a skipped test is not a passed one), so set-up installs them, or says how to.
+# shellcheck disable=SC2317 # called indirectly, by run_step
+apt_install() { # package...
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+export -f apt_install
+
+need_program() { # what, package, test command...
+  local what="$1" package="$2"
+  shift 2
+  if "$@"; then
+    echo "setup: $what present"
+  elif [ "$mode" = check ]; then
+    echo "setup: $what missing (Debian package $package)"
+    stale=1
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    run_step "installing $package from Debian's packages" "installed $package" \
+      "$logs/apt-$package.log" apt_install "$package"
+  else
+    echo "setup: $what missing: install the Debian package $package" \
+      "(sudo apt-get install $package) and run set-up again" >&2
+    exit 1
+  fi
+}
+
+has_postgres() {
+  command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+need_program "PostgreSQL server binaries" postgresql has_postgres
 
 exit "$stale"

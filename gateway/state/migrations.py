@@ -1,0 +1,250 @@
+"""Versioned schema migrations, applied whole or not at all when a store opens.
+
+The ``schema_version`` table holds one row: the schema version of the store and
+the capgate version that last wrote it. A database without that table is at
+version 0 (empty). Opening a store runs, in one transaction under the migration
+lock, every step above its version; a step that fails rolls back the whole upgrade,
+so a store is never left half-migrated (both backends have transactional DDL).
+
+A store whose version is above the last step here was written by a newer capgate:
+it is refused with :class:`~gateway.state.errors.StoreVersionError` and left as it
+is, because this code could misread a fact that grants something.
+
+To change the schema, append a :class:`Migration` with the next version and raise
+``SCHEMA_VERSION`` in :mod:`gateway.state.store`; never edit a released step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.state.backend import Dialect, Session
+from gateway.state.errors import StoreError, StoreVersionError
+from gateway.state.store import SCHEMA_VERSION
+from gateway.version import __version__
+
+__all__ = ["MIGRATIONS", "Migration", "check_steps", "migrate", "read_version"]
+
+_log = logging.getLogger("capgate.state")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step: the statements that take a store from ``version - 1`` to ``version``."""
+
+    version: int
+    description: str
+    statements: Callable[[Dialect], Sequence[str]]
+
+
+def _version_1(d: Dialect) -> list[str]:
+    """Every table of the first schema.
+
+    Times are fixed-width UTC text (:mod:`gateway.state.times`), JSON is canonical
+    JSON text. Budget amounts are checked non-negative by the database too, as a
+    backstop behind the store's own checks.
+    """
+    i, t = d.int_type, d.time_type
+    return [
+        f"""CREATE TABLE tenants (
+            tenant TEXT PRIMARY KEY,
+            budget_class TEXT NOT NULL,
+            budget_limit {i} CHECK (budget_limit IS NULL OR budget_limit >= 0),
+            reserved {i} NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+            spent {i} NOT NULL DEFAULT 0 CHECK (spent >= 0),
+            created_at {t} NOT NULL,
+            updated_at {t} NOT NULL
+        )""",
+        f"""CREATE TABLE task_budgets (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            task_id TEXT NOT NULL,
+            budget_limit {i} CHECK (budget_limit IS NULL OR budget_limit >= 0),
+            reserved {i} NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+            spent {i} NOT NULL DEFAULT 0 CHECK (spent >= 0),
+            updated_at {t} NOT NULL,
+            PRIMARY KEY (tenant, task_id)
+        )""",
+        f"""CREATE TABLE connections (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            alias TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('active', 'disabled', 'revoked')),
+            account TEXT NOT NULL,
+            updated_at {t} NOT NULL,
+            PRIMARY KEY (tenant, alias)
+        )""",
+        f"""CREATE TABLE evidence (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            task_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            source TEXT NOT NULL,
+            recorded_at {t} NOT NULL,
+            PRIMARY KEY (tenant, task_id, name)
+        )""",
+        f"""CREATE TABLE operations (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            operation_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            params_digest TEXT NOT NULL,
+            task_id TEXT,
+            status TEXT NOT NULL CHECK (status IN ('running', 'done')),
+            outcome TEXT,
+            cost {i} NOT NULL CHECK (cost >= 0),
+            attempts {i} NOT NULL CHECK (attempts >= 1),
+            lease_until {t},
+            created_at {t} NOT NULL,
+            updated_at {t} NOT NULL,
+            PRIMARY KEY (tenant, operation_id)
+        )""",
+        "CREATE INDEX operations_running ON operations (lease_until) WHERE status = 'running'",
+        f"""CREATE TABLE proposals (
+            n {d.identity_pk},
+            id TEXT NOT NULL UNIQUE,
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            task_id TEXT NOT NULL,
+            proposer TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            task TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            contract_version {i} NOT NULL,
+            execution_action TEXT NOT NULL,
+            params TEXT NOT NULL,
+            params_digest TEXT NOT NULL,
+            operation_id TEXT NOT NULL,
+            decision_id TEXT,
+            status TEXT NOT NULL CHECK (
+                status IN ('pending', 'approved', 'rejected', 'dispatched', 'blocked')
+            ),
+            reason_codes TEXT NOT NULL,
+            created_at {t} NOT NULL,
+            updated_at {t} NOT NULL,
+            UNIQUE (tenant, operation_id)
+        )""",
+        "CREATE INDEX proposals_by_status ON proposals (status, tenant)",
+        f"""CREATE TABLE reviews (
+            n {d.identity_pk},
+            id TEXT NOT NULL UNIQUE,
+            proposal_id TEXT NOT NULL REFERENCES proposals (id),
+            reviewer TEXT NOT NULL,
+            verdict TEXT NOT NULL CHECK (verdict IN ('approved', 'rejected')),
+            kind TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            operation_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            expires_at {t} NOT NULL,
+            consumed_at {t},
+            decision_id TEXT,
+            created_at {t} NOT NULL
+        )""",
+        "CREATE INDEX reviews_by_proposal ON reviews (proposal_id)",
+        f"""CREATE TABLE ledger (
+            seq {i} PRIMARY KEY,
+            at {t} NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            tenant TEXT,
+            principal TEXT,
+            tool TEXT,
+            contract_version {i},
+            operation_id TEXT,
+            proposal_id TEXT,
+            decision_id TEXT,
+            policy_revision TEXT,
+            outcome TEXT,
+            reason_codes TEXT NOT NULL,
+            detail TEXT NOT NULL
+        )""",
+        "CREATE INDEX ledger_by_tenant ON ledger (tenant, seq)",
+        "CREATE INDEX ledger_by_operation ON ledger (operation_id, seq)",
+        "CREATE INDEX ledger_by_proposal ON ledger (proposal_id, seq)",
+    ]
+
+
+#: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
+              "reviews and the ledger", _version_1),
+)  # fmt: skip
+
+
+def check_steps(steps: Sequence[Migration]) -> int:
+    """The version ``steps`` lead to; they must be numbered 1, 2, ... without gaps."""
+    versions = [step.version for step in steps]
+    if not versions or versions != list(range(1, len(versions) + 1)):
+        raise StoreError(f"migration steps must be numbered 1, 2, ... (got {versions[:10]})")
+    return versions[-1]
+
+
+if check_steps(MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - caught by any import
+    raise RuntimeError("gateway.state: MIGRATIONS does not end at SCHEMA_VERSION")
+
+
+_VERSION_TABLE = """CREATE TABLE schema_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL CHECK (version >= 0),
+    written_by TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+)"""
+
+
+def read_version(session: Session) -> tuple[int, str | None]:
+    """The store's schema version and the capgate that wrote it (0 and None: empty)."""
+    if not session.table_exists("schema_version"):
+        return 0, None
+    rows = session.query("SELECT version, written_by FROM schema_version WHERE id = 1")
+    if not rows:
+        return 0, None
+    return int(rows[0]["version"]), rows[0]["written_by"]
+
+
+def migrate(
+    session: Session,
+    *,
+    location: str,
+    now: str,
+    steps: Sequence[Migration] = MIGRATIONS,
+    dialect: Dialect,
+) -> int:
+    """Bring the store to the last version of ``steps`` in one transaction; return it.
+
+    Refuses (StoreVersionError, nothing changed) a store above that version. The
+    migration lock makes concurrent openers wait, and the second one finds the
+    store already upgraded.
+    """
+    target = check_steps(steps)
+    session.begin(read_only=False)
+    try:
+        session.lock("migrations")
+        found, written_by = read_version(session)
+        if found > target:
+            raise StoreVersionError(location, found, target, written_by)
+        if found < target:
+            if not session.table_exists("schema_version"):
+                session.execute(_VERSION_TABLE)
+            for step in steps[found:]:
+                for statement in step.statements(dialect):
+                    session.execute(statement)
+            params = {"version": target, "written_by": __version__, "now": now}
+            if (
+                session.execute(
+                    "UPDATE schema_version SET version = :version, written_by = :written_by, "
+                    "updated_at = :now WHERE id = 1",
+                    params,
+                )
+                == 0
+            ):
+                session.execute(
+                    "INSERT INTO schema_version (id, version, written_by, updated_at) "
+                    "VALUES (1, :version, :written_by, :now)",
+                    params,
+                )
+    except BaseException:
+        session.finish(commit=False)
+        raise
+    session.finish(commit=True)
+    if found < target:
+        _log.info("store %s migrated from schema version %d to %d", location, found, target)
+    return target

@@ -1,0 +1,245 @@
+"""What the gateway's store holds: typed, frozen records.
+
+The store is the source of every fact that grants something at decision time
+(connection status, budget, evidence, approvals, operation history), so a caller
+can never assert one. These records are what the store returns; the store never
+holds a secret (credentials are resolved from a connection's alias at dispatch).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+from gateway.model.facts import ConnectionStatus, Identifier, Principal
+
+__all__ = [
+    "MAX_AMOUNT",
+    "Amount",
+    "BeginResult",
+    "BeginStatus",
+    "BudgetState",
+    "ConnectionRecord",
+    "Digest",
+    "EvidenceRecord",
+    "LedgerEntry",
+    "LedgerRow",
+    "OperationRecord",
+    "OperationStatus",
+    "ProposalRecord",
+    "ProposalStatus",
+    "ReviewRecord",
+    "ReviewVerdict",
+    "TenantRecord",
+    "VerifyReport",
+]
+
+
+#: A parameter digest as the dispatcher computes it (``gateway.digest``).
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+#: Largest budget amount (limit, cost, reservation): far beyond any real budget, and
+#: inside the 64-bit integers both backends store.
+MAX_AMOUNT: Final = 2**62
+#: A budget amount in cost units.
+Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
+
+
+class _Record(BaseModel):
+    """Records are frozen and forbid unknown fields; every time is timezone-aware
+    (the store returns UTC), so no naive datetime can be compared with a stored one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TenantRecord(_Record):
+    """A tenant and its spending settings.
+
+    ``budget_class`` is the compose fact (which cost classes the tenant's agents
+    may see); ``budget_limit`` is the amount, in cost units, its calls may spend in
+    all (``None``: no limit).
+    """
+
+    tenant: Identifier
+    budget_class: Identifier
+    budget_limit: Amount | None = None
+
+
+class BudgetState(_Record):
+    """A tenant's budget now, or one task's (``task_id`` set) when it has its own limit.
+
+    ``remaining`` is None when there is no limit; it can be negative after a limit
+    was lowered below what is already reserved and spent.
+    """
+
+    tenant: Identifier
+    task_id: Identifier | None = None
+    limit: int | None
+    reserved: int
+    spent: int
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.limit is None else self.limit - self.reserved - self.spent
+
+
+class ConnectionRecord(_Record):
+    """One tenant connection: alias, status and the provider account it acts as.
+
+    ``account`` is the provider account identity (e.g. ``sales@acme.example``),
+    kept for logs and the ledger; the credential itself never enters the store.
+    """
+
+    tenant: Identifier
+    alias: Identifier
+    status: ConnectionStatus
+    account: str = Field(min_length=1, max_length=256)
+    updated_at: AwareDatetime
+
+
+class EvidenceRecord(_Record):
+    """A piece of evidence the gateway recorded for a task, and what produced it."""
+
+    tenant: Identifier
+    task_id: Identifier
+    name: Identifier
+    source: str = Field(min_length=1, max_length=256)  # e.g. "operation:op-17", "review:rv-3"
+    recorded_at: AwareDatetime
+
+
+class ProposalStatus(StrEnum):
+    PENDING = "pending"  # waiting for a review
+    APPROVED = "approved"  # a reviewer approved it; not dispatched yet
+    REJECTED = "rejected"  # a reviewer rejected it; final
+    DISPATCHED = "dispatched"  # the execution action ran (see the operation's outcome)
+    BLOCKED = "blocked"  # dispatch was denied (facts changed since the proposal); final
+
+
+class ProposalRecord(_Record):
+    """A proposed action: the exact content and recipient, frozen when proposed."""
+
+    id: Identifier
+    tenant: Identifier
+    task_id: Identifier
+    proposer: Principal
+    environment: Identifier
+    task: dict[str, Any]  # the Task facts at proposal time (type, needs, linked resources)
+    tool: Identifier
+    contract_version: int = Field(ge=1)
+    execution_action: Identifier
+    params: dict[str, Any]
+    params_digest: Digest
+    operation_id: Identifier
+    decision_id: str | None
+    status: ProposalStatus
+    reason_codes: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class ReviewVerdict(StrEnum):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class ReviewRecord(_Record):
+    """A reviewer's verdict on one proposal; an approval is consumed exactly once."""
+
+    id: Identifier
+    proposal_id: Identifier
+    reviewer: Principal
+    verdict: ReviewVerdict
+    kind: Identifier  # the approval kind the reviewer granted
+    tenant: Identifier
+    tool: Identifier
+    operation_id: Identifier
+    digest: Digest
+    expires_at: AwareDatetime
+    consumed_at: AwareDatetime | None = None
+    decision_id: str | None
+    created_at: AwareDatetime
+
+
+class OperationStatus(StrEnum):
+    RUNNING = "running"  # intent recorded; the tool may be running (or the process died)
+    DONE = "done"  # an outcome is recorded
+
+
+class OperationRecord(_Record):
+    """One operation id of a tenant: what it was for and what came of it.
+
+    ``task_id`` is the task whose budget the cost was reserved against (with the
+    tenant's), so whoever settles or reconciles the operation settles the same
+    budgets, even in another process.
+    """
+
+    tenant: Identifier
+    operation_id: Identifier
+    tool: Identifier
+    params_digest: Digest
+    task_id: Identifier | None = None
+    status: OperationStatus
+    outcome: dict[str, Any] | None  # Outcome.model_dump(mode="json") once DONE
+    cost: Amount
+    attempts: int = Field(ge=1)
+    lease_until: AwareDatetime | None  # a RUNNING operation past its lease may be reconciled
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class BeginStatus(StrEnum):
+    NEW = "new"  # this caller owns the operation now; the budget is reserved
+    DONE = "done"  # already finished with the same parameters: return its outcome
+    RUNNING = "running"  # another caller is running it now
+    CONFLICT = "conflict"  # the id was used with other parameters (or another tool)
+    NO_BUDGET = "no_budget"  # not enough budget left; nothing was reserved or recorded
+
+
+class BeginResult(_Record):
+    status: BeginStatus
+    operation: OperationRecord | None = None
+
+
+class LedgerEntry(_Record):
+    """What a caller appends; the store adds sequence, time and the hash chain."""
+
+    kind: str  # compose, decision, proposal, review, intent, dispatch, outcome, ...
+    tenant: str | None = None
+    principal: str | None = None  # "agent/role" or a reviewer's id: never a secret
+    tool: str | None = None
+    contract_version: int | None = None
+    operation_id: str | None = None
+    proposal_id: str | None = None
+    decision_id: str | None = None
+    policy_revision: str | None = None
+    outcome: str | None = None
+    reason_codes: list[str] = Field(default_factory=list)
+    detail: dict[str, Any] = Field(default_factory=dict)  # small, secret-free facts
+
+
+class LedgerRow(LedgerEntry):
+    """A stored ledger row: ``seq`` counts from 1 without gaps; ``hash`` is
+    :func:`gateway.state.ledger.row_hash` of every other field."""
+
+    seq: int = Field(ge=1)
+    at: AwareDatetime
+    prev_hash: str
+    hash: str
+
+
+class VerifyReport(_Record):
+    """What :meth:`Store.verify_ledger` found.
+
+    ``rows`` counts the rows checked (up to and including the first bad one);
+    ``last_hash`` is the hash of the last row when the chain is whole: keep it
+    somewhere else (a log, another system) to detect later that rows were cut off
+    the end or the chain was rewritten from some row on, which no chain can show
+    by itself.
+    """
+
+    ok: bool
+    rows: int
+    first_bad_seq: int | None = None
+    problem: str | None = None
+    last_hash: str | None = None

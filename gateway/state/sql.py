@@ -1,0 +1,1138 @@
+"""The store, written once in SQL for both backends.
+
+:class:`SqlStore` implements :class:`~gateway.state.store.Store` and
+:class:`SqlTx` implements :class:`~gateway.state.store.Tx` over any
+:class:`~gateway.state.backend.Backend`; SQLite and PostgreSQL differ only in their
+dialect and sessions. How each concurrency guarantee holds:
+
+- **Writers.** A writing transaction begins with what serialises writers on its
+  backend: ``BEGIN IMMEDIATE`` on SQLite (one writer at a time, across processes),
+  ``READ COMMITTED`` plus the row locks below on PostgreSQL.
+- **Operations** are inserted with ``INSERT ... ON CONFLICT DO NOTHING`` on the
+  ``(tenant, operation_id)`` primary key: the database lets exactly one insert
+  through, however many race, and the others see that no row was added.
+- **Budgets** are read with ``SELECT ... FOR UPDATE`` on the tenant's row (always
+  before the task's row, so two transactions never wait for each other in
+  opposite orders), checked, then updated; the row lock makes the check and the
+  update one step.
+- **Reviews** are consumed with a conditional ``UPDATE ... WHERE consumed_at IS
+  NULL``: the first writer changes the row, every later one changes nothing.
+- **Ledger** appends take a transaction-scoped lock (an advisory lock on
+  PostgreSQL; SQLite's writer lock) before reading the last row, so sequence
+  numbers have no gaps and each ``prev_hash`` is the previous ``hash``.
+
+Expected refusals (an id that exists, a budget that does not fit, an unknown
+tenant) are found with conditional statements, never by letting a constraint fail:
+on PostgreSQL a failed statement aborts the whole transaction. A transaction in
+which a statement did fail is rolled back even if the caller caught the error, on
+both backends, so no half of a step is ever committed.
+"""
+
+# S608: every SQL text here is put together from this module's constants (column
+# lists, the dialect's lock suffix, fixed filter clauses); values always travel as
+# bound parameters, never in the text.
+# ruff: noqa: S608
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gateway.digest import canonical_json
+from gateway.errors import InvalidInput, quote
+from gateway.model.facts import ConnectionStatus, Identifier
+from gateway.state.backend import Backend, Dialect, LockName, Session
+from gateway.state.errors import (
+    BudgetNotReserved,
+    DuplicateOperation,
+    DuplicateRecord,
+    StoreError,
+    StoreVersionError,
+    UnknownConnection,
+    UnknownOperation,
+    UnknownProposal,
+    UnknownReview,
+    UnknownTenant,
+)
+from gateway.state.ledger import (
+    ENTRY_FIELDS,
+    GENESIS_HASH,
+    MAX_DETAIL_BYTES,
+    ChainChecker,
+    row_from_stored,
+    row_hash,
+)
+from gateway.state.migrations import MIGRATIONS, Migration, check_steps, migrate, read_version
+from gateway.state.records import (
+    MAX_AMOUNT,
+    BudgetState,
+    ConnectionRecord,
+    EvidenceRecord,
+    LedgerEntry,
+    LedgerRow,
+    OperationRecord,
+    OperationStatus,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    ReviewVerdict,
+    TenantRecord,
+    VerifyReport,
+)
+from gateway.state.times import Clock, from_text, read_clock, system_clock, to_text
+
+__all__ = ["SqlStore", "SqlTx"]
+
+_log = logging.getLogger("capgate.state")
+
+#: Ledger rows read per query while verifying: the chain is checked a page at a time.
+VERIFY_PAGE: Final = 1000
+
+_M = TypeVar("_M", bound=BaseModel)
+_IDENTIFIER: Final = TypeAdapter(Identifier)
+
+_TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
+_CONNECTION_COLUMNS: Final = "tenant, alias, status, account, updated_at"
+_EVIDENCE_COLUMNS: Final = "tenant, task_id, name, source, recorded_at"
+_OPERATION_COLUMNS: Final = (
+    "tenant, operation_id, tool, params_digest, task_id, status, outcome, cost, attempts, "
+    "lease_until, created_at, updated_at"
+)
+_PROPOSAL_COLUMNS: Final = (
+    "id, tenant, task_id, proposer, environment, task, tool, contract_version, "
+    "execution_action, params, params_digest, operation_id, decision_id, status, "
+    "reason_codes, created_at, updated_at"
+)
+_REVIEW_COLUMNS: Final = (
+    "id, proposal_id, reviewer, verdict, kind, tenant, tool, operation_id, digest, "
+    "expires_at, consumed_at, decision_id, created_at"
+)
+_LEDGER_COLUMNS: Final = ", ".join(("seq", "at", "prev_hash", "hash", *ENTRY_FIELDS))
+
+
+# -- values in and out ------------------------------------------------------------------
+
+
+def _validated(model: type[_M], data: Mapping[str, Any], where: str) -> _M:
+    """A record built from a caller's values; InvalidInput naming the bad fields."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, where) from None
+
+
+def _stored(model: type[_M], data: Mapping[str, Any], what: str) -> _M:
+    """A record built from a row; a row that does not validate is a damaged store."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
+        raise StoreError(
+            f"a stored {what} does not validate (field(s) {', '.join(fields) or '?'}): "
+            "the database was changed outside capgate or is damaged"
+        ) from None
+
+
+def _identifier(value: object, what: str) -> str:
+    try:
+        return _IDENTIFIER.validate_python(value)
+    except ValidationError:
+        raise InvalidInput(
+            f"{what}: {quote(value)} is not an identifier (1 to 128 of A-Z a-z 0-9 _ . : / -, "
+            "starting with a letter or digit)"
+        ) from None
+
+
+def _amount(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_AMOUNT:
+        raise InvalidInput(f"{what}: must be a whole number from 0 to 2**62, not {quote(value)}")
+    return int(value)
+
+
+def _limit(value: object, what: str) -> int | None:
+    return None if value is None else _amount(value, what)
+
+
+def _dump(value: Any) -> str:
+    """Canonical JSON text (InvalidInput for anything that is not plain JSON)."""
+    return canonical_json(value).decode("utf-8")
+
+
+def _load(text: object, what: str) -> Any:
+    if not isinstance(text, str):
+        raise StoreError(f"a stored {what} is not JSON text")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise StoreError(f"a stored {what} is not JSON") from None
+
+
+def _time(text: object) -> datetime | None:
+    return None if text is None else from_text(str(text))
+
+
+def _fits(limit: int | None, reserved: int, spent: int, cost: int) -> bool:
+    """Whether ``cost`` more fits under ``limit`` (written to never overflow)."""
+    return limit is None or limit - reserved - spent >= cost
+
+
+# -- rows to records --------------------------------------------------------------------
+
+
+def _tenant(row: Mapping[str, Any]) -> TenantRecord:
+    return _stored(
+        TenantRecord,
+        {k: row[k] for k in ("tenant", "budget_class", "budget_limit")},
+        "tenant",
+    )
+
+
+def _connection(row: Mapping[str, Any]) -> ConnectionRecord:
+    return _stored(ConnectionRecord, {**row, "updated_at": _time(row["updated_at"])}, "connection")
+
+
+def _evidence(row: Mapping[str, Any]) -> EvidenceRecord:
+    return _stored(EvidenceRecord, {**row, "recorded_at": _time(row["recorded_at"])}, "evidence")
+
+
+def _operation(row: Mapping[str, Any]) -> OperationRecord:
+    outcome = row["outcome"]
+    return _stored(
+        OperationRecord,
+        {
+            **row,
+            "outcome": None if outcome is None else _load(outcome, "operation outcome"),
+            "lease_until": _time(row["lease_until"]),
+            "created_at": _time(row["created_at"]),
+            "updated_at": _time(row["updated_at"]),
+        },
+        "operation",
+    )
+
+
+def _proposal(row: Mapping[str, Any]) -> ProposalRecord:
+    return _stored(
+        ProposalRecord,
+        {
+            **row,
+            "proposer": _load(row["proposer"], "proposal proposer"),
+            "task": _load(row["task"], "proposal task"),
+            "params": _load(row["params"], "proposal params"),
+            "reason_codes": _load(row["reason_codes"], "proposal reason codes"),
+            "created_at": _time(row["created_at"]),
+            "updated_at": _time(row["updated_at"]),
+        },
+        "proposal",
+    )
+
+
+def _review(row: Mapping[str, Any]) -> ReviewRecord:
+    return _stored(
+        ReviewRecord,
+        {
+            **row,
+            "reviewer": _load(row["reviewer"], "review reviewer"),
+            "expires_at": _time(row["expires_at"]),
+            "consumed_at": _time(row["consumed_at"]),
+            "created_at": _time(row["created_at"]),
+        },
+        "review",
+    )
+
+
+def _proposal_params(p: ProposalRecord) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "tenant": p.tenant,
+        "task_id": p.task_id,
+        "proposer": _dump(p.proposer.model_dump(mode="json")),
+        "environment": p.environment,
+        "task": _dump(p.task),
+        "tool": p.tool,
+        "contract_version": p.contract_version,
+        "execution_action": p.execution_action,
+        "params": _dump(p.params),
+        "params_digest": p.params_digest,
+        "operation_id": p.operation_id,
+        "decision_id": p.decision_id,
+        "status": p.status.value,
+        "reason_codes": _dump(p.reason_codes),
+        "created_at": to_text(p.created_at, "created_at"),
+        "updated_at": to_text(p.updated_at, "updated_at"),
+    }
+
+
+# -- the transaction ----------------------------------------------------------------------
+
+
+class SqlTx:
+    """One open transaction on one session (see :class:`~gateway.state.store.Tx`).
+
+    Belongs to the thread that began it and ends with its ``with`` block; using it
+    from another thread or afterwards is a StoreError, never a silent write outside
+    the transaction.
+    """
+
+    def __init__(self, session: Session, dialect: Dialect, now: datetime, *, read_only: bool):
+        #: The store clock's reading for this transaction (timezone-aware UTC).
+        self.now = now
+        self.read_only = read_only
+        self._at = to_text(now)
+        self._session = session
+        self._dialect = dialect
+        self._thread = threading.get_ident()
+        self._open = True
+        self._failed: StoreError | None = None
+
+    # -- statements (every one goes through here) --------------------------------------
+
+    def _check(self) -> None:
+        if not self._open:
+            raise StoreError("this transaction has ended; begin a new one")
+        if threading.get_ident() != self._thread:
+            raise StoreError("a transaction can be used only by the thread that began it")
+
+    def _run(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        self._check()
+        try:
+            return self._session.execute(sql, params)
+        except StoreError as exc:
+            self._failed = self._failed or exc
+            raise
+
+    def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        self._check()
+        try:
+            return self._session.query(sql, params)
+        except StoreError as exc:
+            self._failed = self._failed or exc
+            raise
+
+    def _row(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        rows = self._rows(sql, params)
+        return rows[0] if rows else None
+
+    def _lock(self, name: LockName) -> None:
+        self._check()
+        try:
+            self._session.lock(name)
+        except StoreError as exc:
+            self._failed = self._failed or exc
+            raise
+
+    def _locked(self, lock: bool) -> str:
+        return self._dialect.for_update if lock else ""
+
+    def _tenant_row(self, tenant: str, *, lock: bool = False) -> dict[str, Any]:
+        row = self._row(
+            f"SELECT {_TENANT_COLUMNS} FROM tenants WHERE tenant = :tenant{self._locked(lock)}",
+            {"tenant": tenant},
+        )
+        if row is None:
+            raise UnknownTenant(tenant)
+        return row
+
+    # -- tenants and budgets ---------------------------------------------------------
+
+    def put_tenant(
+        self, tenant: str, *, budget_class: str, budget_limit: int | None
+    ) -> TenantRecord:
+        """Create or update a tenant (its reservations and spending are kept)."""
+        record = _validated(
+            TenantRecord,
+            {"tenant": tenant, "budget_class": budget_class, "budget_limit": budget_limit},
+            "tenant",
+        )
+        self._run(
+            "INSERT INTO tenants (tenant, budget_class, budget_limit, reserved, spent, "
+            "created_at, updated_at) VALUES (:tenant, :budget_class, :budget_limit, 0, 0, "
+            ":now, :now) ON CONFLICT (tenant) DO UPDATE SET budget_class = "
+            "excluded.budget_class, budget_limit = excluded.budget_limit, "
+            "updated_at = excluded.updated_at",
+            {**record.model_dump(), "now": self._at},
+        )
+        return record
+
+    def get_tenant(self, tenant: str) -> TenantRecord | None:
+        row = self._row(
+            f"SELECT {_TENANT_COLUMNS} FROM tenants WHERE tenant = :tenant", {"tenant": tenant}
+        )
+        return None if row is None else _tenant(row)
+
+    def set_budget_limit(self, tenant: str, limit: int | None) -> TenantRecord:
+        """Change the tenant's limit; ``UnknownTenant`` if there is no such tenant."""
+        value = _limit(limit, "budget limit")
+        row = self._tenant_row(tenant, lock=True)
+        self._run(
+            "UPDATE tenants SET budget_limit = :limit, updated_at = :now WHERE tenant = :tenant",
+            {"tenant": tenant, "limit": value, "now": self._at},
+        )
+        return _tenant({**row, "budget_limit": value})
+
+    def set_task_budget(self, tenant: str, task_id: str, limit: int | None) -> None:
+        """Give one task its own limit (``None`` removes it); spending is kept."""
+        task = _identifier(task_id, "task_id")
+        value = _limit(limit, "task budget limit")
+        self._tenant_row(tenant, lock=True)  # tenant row first: the budgets' lock order
+        self._run(
+            "INSERT INTO task_budgets (tenant, task_id, budget_limit, reserved, spent, "
+            "updated_at) VALUES (:tenant, :task, :limit, 0, 0, :now) ON CONFLICT "
+            "(tenant, task_id) DO UPDATE SET budget_limit = excluded.budget_limit, "
+            "updated_at = excluded.updated_at",
+            {"tenant": tenant, "task": task, "limit": value, "now": self._at},
+        )
+
+    def _task_row(self, tenant: str, task_id: str, *, lock: bool) -> dict[str, Any] | None:
+        return self._row(
+            "SELECT budget_limit, reserved, spent FROM task_budgets "
+            f"WHERE tenant = :tenant AND task_id = :task{self._locked(lock)}",
+            {"tenant": tenant, "task": task_id},
+        )
+
+    def budget(self, tenant: str, task_id: str | None = None) -> BudgetState:
+        """The tenant's budget, or the task's when the task has its own limit."""
+        row = self._tenant_row(tenant)
+        if task_id is not None:
+            task = self._task_row(tenant, task_id, lock=False)
+            if task is not None and task["budget_limit"] is not None:
+                return _stored(
+                    BudgetState,
+                    {
+                        "tenant": tenant,
+                        "task_id": task_id,
+                        "limit": task["budget_limit"],
+                        "reserved": task["reserved"],
+                        "spent": task["spent"],
+                    },
+                    "task budget",
+                )
+        return _stored(
+            BudgetState,
+            {
+                "tenant": tenant,
+                "limit": row["budget_limit"],
+                "reserved": row["reserved"],
+                "spent": row["spent"],
+            },
+            "budget",
+        )
+
+    def reserve_budget(self, tenant: str, task_id: str | None, cost: int) -> bool:
+        """Reserve ``cost`` against the tenant's limit and, if the task has one, the
+        task's; False (nothing reserved) when either would be exceeded.
+
+        A cost of 0 always fits. The task's reservations and spending are counted
+        even while it has no limit of its own, so a limit set later sees them.
+        """
+        amount = _amount(cost, "cost")
+        task = None if task_id is None else _identifier(task_id, "task_id")
+        row = self._tenant_row(tenant, lock=True)
+        if amount == 0:
+            return True
+        if not _fits(row["budget_limit"], row["reserved"], row["spent"], amount):
+            return False
+        params = {"tenant": tenant, "task": task, "cost": amount, "now": self._at}
+        if task is not None:
+            task_row = self._task_row(tenant, task, lock=True)
+            if task_row is not None and not _fits(
+                task_row["budget_limit"], task_row["reserved"], task_row["spent"], amount
+            ):
+                return False
+            self._run(
+                "INSERT INTO task_budgets (tenant, task_id, budget_limit, reserved, spent, "
+                "updated_at) VALUES (:tenant, :task, NULL, :cost, 0, :now) ON CONFLICT "
+                "(tenant, task_id) DO UPDATE SET reserved = task_budgets.reserved + "
+                "excluded.reserved, updated_at = excluded.updated_at",
+                params,
+            )
+        self._run("UPDATE tenants SET reserved = reserved + :cost WHERE tenant = :tenant", params)
+        return True
+
+    def settle_budget(self, tenant: str, task_id: str | None, cost: int, *, spent: bool) -> None:
+        """End a reservation of ``cost``: count it as spent, or release it.
+
+        ``BudgetNotReserved`` (and nothing changed) when less than ``cost`` is
+        reserved for the tenant or the task: settling twice must not free budget.
+        """
+        amount = _amount(cost, "cost")
+        row = self._tenant_row(tenant, lock=True)
+        if row["reserved"] < amount:
+            raise BudgetNotReserved(tenant, None, row["reserved"], amount)
+        params = {
+            "tenant": tenant,
+            "task": task_id,
+            "cost": amount,
+            "spent": amount if spent else 0,
+            "now": self._at,
+        }
+        if task_id is not None:
+            task_row = self._task_row(tenant, task_id, lock=True)
+            reserved = 0 if task_row is None else task_row["reserved"]
+            if reserved < amount:
+                raise BudgetNotReserved(tenant, task_id, reserved, amount)
+            self._run(
+                "UPDATE task_budgets SET reserved = reserved - :cost, spent = spent + :spent, "
+                "updated_at = :now WHERE tenant = :tenant AND task_id = :task",
+                params,
+            )
+        self._run(
+            "UPDATE tenants SET reserved = reserved - :cost, spent = spent + :spent "
+            "WHERE tenant = :tenant",
+            params,
+        )
+
+    # -- connections ------------------------------------------------------------------
+
+    def put_connection(
+        self, tenant: str, alias: str, *, status: ConnectionStatus, account: str
+    ) -> ConnectionRecord:
+        """Create or replace the tenant's connection of that alias."""
+        record = _validated(
+            ConnectionRecord,
+            {
+                "tenant": tenant,
+                "alias": alias,
+                "status": status,
+                "account": account,
+                "updated_at": self.now,
+            },
+            "connection",
+        )
+        self._tenant_row(tenant)
+        self._run(
+            "INSERT INTO connections (tenant, alias, status, account, updated_at) VALUES "
+            "(:tenant, :alias, :status, :account, :now) ON CONFLICT (tenant, alias) DO UPDATE "
+            "SET status = excluded.status, account = excluded.account, "
+            "updated_at = excluded.updated_at",
+            {
+                "tenant": tenant,
+                "alias": alias,
+                "status": record.status.value,
+                "account": record.account,
+                "now": self._at,
+            },
+        )
+        return record
+
+    def set_connection_status(
+        self, tenant: str, alias: str, status: ConnectionStatus
+    ) -> ConnectionRecord:
+        """``UnknownConnection`` if the tenant has no connection with that alias."""
+        try:
+            value = ConnectionStatus(status)
+        except ValueError:
+            raise InvalidInput(f"status: {quote(status)} is not a connection status") from None
+        row = self._row(
+            f"SELECT {_CONNECTION_COLUMNS} FROM connections WHERE tenant = :tenant AND "
+            f"alias = :alias{self._locked(True)}",
+            {"tenant": tenant, "alias": alias},
+        )
+        if row is None:
+            raise UnknownConnection(tenant, alias)
+        self._run(
+            "UPDATE connections SET status = :status, updated_at = :now "
+            "WHERE tenant = :tenant AND alias = :alias",
+            {"tenant": tenant, "alias": alias, "status": value.value, "now": self._at},
+        )
+        return _connection({**row, "status": value.value, "updated_at": self._at})
+
+    def connections(self, tenant: str) -> dict[str, ConnectionRecord]:
+        """Every connection of the tenant by alias (none for an unknown tenant)."""
+        rows = self._rows(
+            f"SELECT {_CONNECTION_COLUMNS} FROM connections WHERE tenant = :tenant ORDER BY alias",
+            {"tenant": tenant},
+        )
+        return {row["alias"]: _connection(row) for row in rows}
+
+    # -- evidence ---------------------------------------------------------------------
+
+    def record_evidence(
+        self, tenant: str, task_id: str, name: str, *, source: str
+    ) -> EvidenceRecord:
+        """Record it once; recording the same name again keeps (and returns) the first."""
+        record = _validated(
+            EvidenceRecord,
+            {
+                "tenant": tenant,
+                "task_id": task_id,
+                "name": name,
+                "source": source,
+                "recorded_at": self.now,
+            },
+            "evidence",
+        )
+        self._tenant_row(tenant)
+        key = {"tenant": tenant, "task": task_id, "name": name}
+        self._run(
+            "INSERT INTO evidence (tenant, task_id, name, source, recorded_at) VALUES "
+            "(:tenant, :task, :name, :source, :now) ON CONFLICT DO NOTHING",
+            {**key, "source": record.source, "now": self._at},
+        )
+        row = self._row(
+            f"SELECT {_EVIDENCE_COLUMNS} FROM evidence WHERE tenant = :tenant AND "
+            "task_id = :task AND name = :name",
+            key,
+        )
+        if row is None:  # pragma: no cover - inserted or present in this transaction
+            raise StoreError("evidence vanished while it was recorded")
+        return _evidence(row)
+
+    def evidence(self, tenant: str, task_id: str) -> set[str]:
+        """The names of the evidence recorded for the task."""
+        rows = self._rows(
+            "SELECT name FROM evidence WHERE tenant = :tenant AND task_id = :task",
+            {"tenant": tenant, "task": task_id},
+        )
+        return {row["name"] for row in rows}
+
+    # -- operations -------------------------------------------------------------------
+
+    def insert_operation(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        tool: str,
+        params_digest: str,
+        cost: int,
+        task_id: str | None,
+        lease_until: datetime,
+    ) -> OperationRecord | None:
+        """Insert a RUNNING operation (attempts 1); None if the id exists already.
+
+        However many transactions race with one ``(tenant, operation_id)``, in one
+        process or several, exactly one gets a record.
+        """
+        record = _validated(
+            OperationRecord,
+            {
+                "tenant": tenant,
+                "operation_id": operation_id,
+                "tool": tool,
+                "params_digest": params_digest,
+                "task_id": task_id,
+                "status": OperationStatus.RUNNING,
+                "outcome": None,
+                "cost": cost,
+                "attempts": 1,
+                "lease_until": lease_until,
+                "created_at": self.now,
+                "updated_at": self.now,
+            },
+            "operation",
+        )
+        if record.lease_until is None:
+            raise InvalidInput("operation: lease_until is required")
+        self._tenant_row(tenant)
+        inserted = self._run(
+            f"INSERT INTO operations ({_OPERATION_COLUMNS}) VALUES (:tenant, :operation_id, "
+            ":tool, :params_digest, :task_id, :status, NULL, :cost, 1, :lease_until, :now, "
+            ":now) ON CONFLICT (tenant, operation_id) DO NOTHING",
+            {
+                "tenant": tenant,
+                "operation_id": operation_id,
+                "tool": record.tool,
+                "params_digest": record.params_digest,
+                "task_id": record.task_id,
+                "status": record.status.value,
+                "cost": record.cost,
+                "lease_until": to_text(record.lease_until),
+                "now": self._at,
+            },
+        )
+        return record if inserted == 1 else None
+
+    def get_operation(
+        self, tenant: str, operation_id: str, *, for_update: bool = False
+    ) -> OperationRecord | None:
+        """``for_update`` locks the row until the transaction ends (PostgreSQL; SQLite's
+        writing transactions hold the whole database already)."""
+        row = self._row(
+            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE tenant = :tenant AND "
+            f"operation_id = :operation_id{self._locked(for_update)}",
+            {"tenant": tenant, "operation_id": operation_id},
+        )
+        return None if row is None else _operation(row)
+
+    def update_operation(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        status: OperationStatus,
+        outcome: dict[str, Any] | None,
+        attempts: int,
+        lease_until: datetime | None,
+    ) -> OperationRecord:
+        """Record the operation's new state; ``UnknownOperation`` if it does not exist."""
+        current = self.get_operation(tenant, operation_id, for_update=True)
+        if current is None:
+            raise UnknownOperation(tenant, operation_id)
+        record = _validated(
+            OperationRecord,
+            {
+                **current.model_dump(),
+                "status": status,
+                "outcome": outcome,
+                "attempts": attempts,
+                "lease_until": lease_until,
+                "updated_at": self.now,
+            },
+            "operation",
+        )
+        self._run(
+            "UPDATE operations SET status = :status, outcome = :outcome, attempts = :attempts, "
+            "lease_until = :lease_until, updated_at = :now "
+            "WHERE tenant = :tenant AND operation_id = :operation_id",
+            {
+                "tenant": tenant,
+                "operation_id": operation_id,
+                "status": record.status.value,
+                "outcome": None if record.outcome is None else _dump(record.outcome),
+                "attempts": record.attempts,
+                "lease_until": None if record.lease_until is None else to_text(record.lease_until),
+                "now": self._at,
+            },
+        )
+        return record
+
+    def stale_operations(self) -> list[OperationRecord]:
+        """RUNNING operations whose lease ended before ``now``, oldest lease first.
+
+        Rows are not locked: a reconciler takes each with
+        ``get_operation(..., for_update=True)`` and checks it is still stale.
+        """
+        rows = self._rows(
+            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE status = 'running' AND "
+            "lease_until IS NOT NULL AND lease_until < :now "
+            "ORDER BY lease_until, tenant, operation_id",
+            {"now": self._at},
+        )
+        return [_operation(row) for row in rows]
+
+    # -- proposals and reviews --------------------------------------------------------
+
+    def insert_proposal(self, proposal: ProposalRecord) -> ProposalRecord:
+        """``DuplicateOperation`` if the tenant already has a proposal for that id,
+        ``DuplicateRecord`` if a proposal has that id."""
+        record = _validated(ProposalRecord, proposal.model_dump(), "proposal")
+        self._tenant_row(record.tenant)
+        inserted = self._run(
+            f"INSERT INTO proposals ({_PROPOSAL_COLUMNS}) VALUES (:id, :tenant, :task_id, "
+            ":proposer, :environment, :task, :tool, :contract_version, :execution_action, "
+            ":params, :params_digest, :operation_id, :decision_id, :status, :reason_codes, "
+            ":created_at, :updated_at) ON CONFLICT DO NOTHING",
+            _proposal_params(record),
+        )
+        if inserted == 1:
+            return record
+        if self._row("SELECT id FROM proposals WHERE id = :id", {"id": record.id}) is not None:
+            raise DuplicateRecord("proposal", record.id)
+        raise DuplicateOperation(record.tenant, record.operation_id)
+
+    def get_proposal(self, proposal_id: str, *, for_update: bool = False) -> ProposalRecord | None:
+        row = self._row(
+            f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE id = :id{self._locked(for_update)}",
+            {"id": proposal_id},
+        )
+        return None if row is None else _proposal(row)
+
+    def update_proposal(
+        self, proposal_id: str, *, status: ProposalStatus, reason_codes: list[str]
+    ) -> ProposalRecord:
+        """Set status and reason codes (``updated_at`` becomes ``now``);
+        ``UnknownProposal`` if there is none."""
+        current = self.get_proposal(proposal_id, for_update=True)
+        if current is None:
+            raise UnknownProposal(proposal_id)
+        record = _validated(
+            ProposalRecord,
+            {
+                **current.model_dump(),
+                "status": status,
+                "reason_codes": reason_codes,
+                "updated_at": self.now,
+            },
+            "proposal",
+        )
+        self._run(
+            "UPDATE proposals SET status = :status, reason_codes = :reason_codes, "
+            "updated_at = :now WHERE id = :id",
+            {
+                "id": proposal_id,
+                "status": record.status.value,
+                "reason_codes": _dump(record.reason_codes),
+                "now": self._at,
+            },
+        )
+        return record
+
+    def list_proposals(
+        self, *, tenant: str | None = None, status: ProposalStatus | None = None
+    ) -> list[ProposalRecord]:
+        """Proposals in the order they were inserted, filtered by tenant and status."""
+        where: list[str] = []
+        params: dict[str, Any] = {}
+        if tenant is not None:
+            where.append("tenant = :tenant")
+            params["tenant"] = tenant
+        if status is not None:
+            where.append("status = :status")
+            params["status"] = ProposalStatus(status).value
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._rows(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals{clause} ORDER BY n", params)
+        return [_proposal(row) for row in rows]
+
+    def insert_review(self, review: ReviewRecord) -> ReviewRecord:
+        """``UnknownProposal`` if the proposal does not exist, ``DuplicateRecord`` if a
+        review has that id."""
+        record = _validated(ReviewRecord, review.model_dump(), "review")
+        if self._row("SELECT id FROM proposals WHERE id = :id", {"id": record.proposal_id}) is None:
+            raise UnknownProposal(record.proposal_id)
+        inserted = self._run(
+            f"INSERT INTO reviews ({_REVIEW_COLUMNS}) VALUES (:id, :proposal_id, :reviewer, "
+            ":verdict, :kind, :tenant, :tool, :operation_id, :digest, :expires_at, "
+            ":consumed_at, :decision_id, :created_at) ON CONFLICT DO NOTHING",
+            {
+                "id": record.id,
+                "proposal_id": record.proposal_id,
+                "reviewer": _dump(record.reviewer.model_dump(mode="json")),
+                "verdict": record.verdict.value,
+                "kind": record.kind,
+                "tenant": record.tenant,
+                "tool": record.tool,
+                "operation_id": record.operation_id,
+                "digest": record.digest,
+                "expires_at": to_text(record.expires_at),
+                "consumed_at": None if record.consumed_at is None else to_text(record.consumed_at),
+                "decision_id": record.decision_id,
+                "created_at": to_text(record.created_at),
+            },
+        )
+        if inserted != 1:
+            raise DuplicateRecord("review", record.id)
+        return record
+
+    def reviews(self, proposal_id: str) -> list[ReviewRecord]:
+        """Every review of the proposal, oldest (first inserted) first."""
+        rows = self._rows(
+            f"SELECT {_REVIEW_COLUMNS} FROM reviews WHERE proposal_id = :id ORDER BY n",
+            {"id": proposal_id},
+        )
+        return [_review(row) for row in rows]
+
+    def consume_review(self, review_id: str) -> bool:
+        """Mark an approval used at ``now``; False if it was used already (or is a
+        rejection, which grants nothing); ``UnknownReview`` if there is none.
+
+        Expiry is not checked here: OPA's clock decides whether an approval is
+        still valid, at the decision this consumption belongs to.
+        """
+        changed = self._run(
+            "UPDATE reviews SET consumed_at = :now WHERE id = :id AND consumed_at IS NULL "
+            "AND verdict = :approved",
+            {"id": review_id, "now": self._at, "approved": ReviewVerdict.APPROVED.value},
+        )
+        if changed == 1:
+            return True
+        if self._row("SELECT id FROM reviews WHERE id = :id", {"id": review_id}) is None:
+            raise UnknownReview(review_id)
+        return False
+
+    # -- ledger -----------------------------------------------------------------------
+
+    def append(self, entry: LedgerEntry) -> LedgerRow:
+        """Append one row to the hash chain (serialised across processes).
+
+        The ledger lock is held until the transaction ends, so append last in a
+        step: every other appender waits for this transaction.
+        """
+        record = _validated(
+            LedgerEntry, entry.model_dump(include=set(ENTRY_FIELDS)), "ledger entry"
+        )
+        # Python values, not mode="json": that would turn NaN into null silently;
+        # canonical JSON refuses whatever is not plain JSON instead.
+        fields = record.model_dump()
+        detail = _dump(fields["detail"])
+        if len(detail.encode("utf-8")) > MAX_DETAIL_BYTES:
+            raise InvalidInput(
+                f"ledger entry: detail is larger than {MAX_DETAIL_BYTES} bytes of JSON; "
+                "the ledger keeps small facts (ids, codes, counts), not documents"
+            )
+        self._lock("ledger")
+        last = self._row("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")
+        seq = 1 if last is None else int(last["seq"]) + 1
+        prev_hash = GENESIS_HASH if last is None else str(last["hash"])
+        hashed = {**fields, "seq": seq, "at": self._at, "prev_hash": prev_hash}
+        digest = row_hash(hashed)
+        self._run(
+            f"INSERT INTO ledger ({_LEDGER_COLUMNS}) VALUES (:seq, :at, :prev_hash, :hash, "
+            + ", ".join(f":{name}" for name in ENTRY_FIELDS)
+            + ")",
+            {
+                **hashed,
+                "hash": digest,
+                "reason_codes": _dump(fields["reason_codes"]),
+                "detail": detail,
+            },
+        )
+        return LedgerRow.model_validate(
+            {
+                **fields,
+                "seq": seq,
+                "at": from_text(self._at),
+                "prev_hash": prev_hash,
+                "hash": digest,
+            }
+        )
+
+    # -- reads for the store (not part of the Tx protocol) ------------------------------
+
+    def _ledger(
+        self,
+        *,
+        tenant: str | None,
+        operation_id: str | None,
+        proposal_id: str | None,
+        after_seq: int,
+        limit: int | None,
+    ) -> list[LedgerRow]:
+        where = ["seq > :after"]
+        params: dict[str, Any] = {"after": after_seq}
+        for column, value in (
+            ("tenant", tenant),
+            ("operation_id", operation_id),
+            ("proposal_id", proposal_id),
+        ):
+            if value is not None:
+                where.append(f"{column} = :{column}")
+                params[column] = value
+        sql = f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE {' AND '.join(where)} ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT :limit"
+            params["limit"] = limit
+        return [row_from_stored(row)[1] for row in self._rows(sql, params)]
+
+    def _verify(self) -> VerifyReport:
+        checker = ChainChecker()
+        after: int | None = None
+        while True:
+            # The first page starts at the lowest seq, whatever it is, so a row with a
+            # seq below 1 (inserted by hand) is read and reported, not skipped.
+            condition = "" if after is None else "WHERE seq > :after "
+            page = self._rows(
+                f"SELECT {_LEDGER_COLUMNS} FROM ledger {condition}ORDER BY seq LIMIT :n",
+                {"after": after, "n": VERIFY_PAGE} if after is not None else {"n": VERIFY_PAGE},
+            )
+            for stored in page:
+                bad = checker.check(stored)
+                if bad is not None:
+                    return checker.report(bad)
+            if len(page) < VERIFY_PAGE:
+                return checker.report()
+            after = int(page[-1]["seq"])
+
+    def _schema_version(self) -> int:
+        self._check()
+        return read_version(self._session)[0]
+
+
+class _Transaction:
+    """The context manager :meth:`SqlStore.transaction` returns."""
+
+    def __init__(self, store: SqlStore, *, read_only: bool) -> None:
+        self._store = store
+        self._read_only = read_only
+        self._session: Session | None = None
+        self._tx: SqlTx | None = None
+
+    def __enter__(self) -> SqlTx:
+        store = self._store
+        if getattr(store._active, "open", False):
+            raise StoreError(
+                f"a transaction on store {store.location} is already open in this thread; "
+                "transactions do not nest: finish it first"
+            )
+        store._active.open = True
+        try:
+            session = self._begin()
+            try:
+                now = read_clock(store._clock)  # after BEGIN: a waiting writer reads it late
+            except BaseException:
+                session.finish(commit=False)
+                store._release(session)
+                raise
+        except BaseException:
+            store._active.open = False
+            raise
+        self._session = session
+        self._tx = SqlTx(session, store._dialect, now, read_only=self._read_only)
+        return self._tx
+
+    def _begin(self) -> Session:
+        """A session with a transaction begun on it.
+
+        A pooled connection the server has since closed (restart, idle timeout,
+        failover) fails at BEGIN, before anything was done: it is dropped and the
+        transaction begins once more on a new connection. Any other failure raises.
+        """
+        store = self._store
+        while True:
+            session, fresh = store._acquire()
+            try:
+                session.begin(read_only=self._read_only)
+            except BaseException:
+                store._release(session)
+                if fresh or session.usable:
+                    raise
+                _log.info("store %s: dropped a connection the server had closed", store.location)
+                continue
+            return session
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        session, tx = self._session, self._tx
+        assert session is not None
+        assert tx is not None
+        tx._open = False
+        try:
+            if exc_type is None and tx._failed is None:
+                session.finish(commit=True)
+            else:
+                session.finish(commit=False)
+                if exc_type is None:
+                    raise StoreError(
+                        "the transaction was rolled back: one of its statements failed "
+                        f"({tx._failed}); no part of it was kept"
+                    ) from tx._failed
+        finally:
+            self._store._active.open = False
+            self._store._release(session)
+
+
+class SqlStore:
+    """A gateway's state in a SQL database (see :class:`~gateway.state.store.Store`).
+
+    Opening migrates the schema (:mod:`gateway.state.migrations`) or refuses a newer
+    one. One store object serves every thread of a process; each thread gets its
+    own connection for the length of a transaction. Close it when done (or use it
+    as a context manager); transactions still open then end with an error.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        clock: Clock | None = None,
+        migrations: Sequence[Migration] = MIGRATIONS,
+    ) -> None:
+        self._backend = backend
+        self._dialect = backend.dialect
+        #: ``sqlite`` or ``postgresql``.
+        self.backend = backend.dialect.name
+        #: Where it is, without any password.
+        self.location = backend.location
+        self._clock: Clock = clock or system_clock
+        self._supported = check_steps(migrations)
+        self._active = threading.local()
+        self._closed = False
+        try:
+            session, _fresh = backend.acquire()
+            try:
+                migrate(
+                    session,
+                    location=self.location,
+                    now=to_text(read_clock(self._clock)),
+                    steps=migrations,
+                    dialect=self._dialect,
+                )
+            finally:
+                backend.release(session, healthy=session.usable)
+        except BaseException:
+            backend.close()
+            raise
+
+    def __enter__(self) -> SqlStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SqlStore {self.backend} {self.location}>"
+
+    def _acquire(self) -> tuple[Session, bool]:
+        """A session from the backend and whether its connection is new (checked)."""
+        if self._closed:
+            raise StoreError(f"store {self.location} is closed")
+        session, fresh = self._backend.acquire()
+        if fresh:
+            # A newer capgate may have upgraded the store since it was opened here.
+            try:
+                found, written_by = read_version(session)
+            except BaseException:
+                self._backend.release(session, healthy=False)
+                raise
+            if found > self._supported:
+                self._backend.release(session, healthy=False)
+                raise StoreVersionError(self.location, found, self._supported, written_by)
+        return session, fresh
+
+    def _release(self, session: Session) -> None:
+        self._backend.release(session, healthy=session.usable)
+
+    def transaction(self, *, read_only: bool = False) -> _Transaction:
+        """Begin a transaction; commit on a normal exit, roll back on any exception.
+
+        A writing transaction serialises with every other writer on this store (in
+        any process); ``read_only=True`` reads one consistent snapshot without
+        waiting for writers, and any write in it is a StoreError.
+        """
+        return _Transaction(self, read_only=read_only)
+
+    def ledger(
+        self,
+        *,
+        tenant: str | None = None,
+        operation_id: str | None = None,
+        proposal_id: str | None = None,
+        after_seq: int = 0,
+        limit: int | None = None,
+    ) -> list[LedgerRow]:
+        """Ledger rows in sequence order, filtered (all filters must match)."""
+        after = _amount(after_seq, "after_seq")
+        count = None if limit is None else _amount(limit, "limit")
+        with self.transaction(read_only=True) as tx:
+            return tx._ledger(
+                tenant=tenant,
+                operation_id=operation_id,
+                proposal_id=proposal_id,
+                after_seq=after,
+                limit=count,
+            )
+
+    def verify_ledger(self) -> VerifyReport:
+        """Recompute the whole hash chain in one snapshot; report the first bad row."""
+        with self.transaction(read_only=True) as tx:
+            return tx._verify()
+
+    def schema_version(self) -> int:
+        """The schema version the store is at."""
+        with self.transaction(read_only=True) as tx:
+            return tx._schema_version()
+
+    def close(self) -> None:
+        """Close every connection; the store cannot be used afterwards."""
+        self._closed = True
+        self._backend.close()

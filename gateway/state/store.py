@@ -1,0 +1,222 @@
+"""The store interface: one protocol, two real backends (SQLite, PostgreSQL).
+
+Everything that changes state happens inside :meth:`Store.transaction`, which
+yields a :class:`Tx`: the primitive reads and writes below, applied atomically
+(all or nothing) and isolated from concurrent transactions in this and in other
+gateway processes sharing the store. The gateway composes them into its steps
+(propose, review, dispatch, call) so each step is one transaction: a crash leaves
+either all of a step or none of it.
+
+Concurrency guarantees every backend must give (``tests/integration/test_store*.py``
+hold both backends to them, with threads and with separate processes):
+
+- :meth:`Tx.insert_operation` inserts at most once per ``(tenant, operation_id)``
+  however many callers race, in one process or several;
+- :meth:`Tx.reserve_budget` never lets reservations plus spending exceed a limit;
+- :meth:`Tx.consume_review` succeeds exactly once per approval;
+- :meth:`Tx.append` keeps one hash chain: rows get consecutive sequence numbers
+  and each row's ``prev_hash`` is the previous row's ``hash``.
+
+Times come from the store's clock (``Tx.now``, read once per transaction), so one
+step records one time, and tests can move the clock.
+
+A transaction in which a statement failed is rolled back whole when it ends, even
+if the caller caught the error: no step is ever half kept. Transactions do not
+nest, and a Tx belongs to the thread that began it.
+
+Implemented once in SQL (:mod:`gateway.state.sql`) for SQLite
+(:mod:`gateway.state.sqlite`) and PostgreSQL (:mod:`gateway.state.postgres`); open
+one with :func:`gateway.state.open.open_store`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol
+
+from gateway.model.facts import ConnectionStatus
+from gateway.state.records import (
+    BudgetState,
+    ConnectionRecord,
+    EvidenceRecord,
+    LedgerEntry,
+    LedgerRow,
+    OperationRecord,
+    OperationStatus,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    TenantRecord,
+    VerifyReport,
+)
+
+__all__ = ["SCHEMA_VERSION", "Store", "Tx"]
+
+#: The schema version this code writes. A store at a lower version is migrated on
+#: open; a store at a higher one (written by a newer capgate) is refused.
+SCHEMA_VERSION = 1
+
+
+class Tx(Protocol):
+    """One open transaction. Methods raise ``StoreError`` on backend failures."""
+
+    #: The store clock's reading for this transaction (timezone-aware UTC).
+    now: datetime
+
+    # -- tenants and budgets ---------------------------------------------------------
+
+    def put_tenant(
+        self, tenant: str, *, budget_class: str, budget_limit: int | None
+    ) -> TenantRecord:
+        """Create or update a tenant (its reservations and spending are kept)."""
+
+    def get_tenant(self, tenant: str) -> TenantRecord | None: ...
+
+    def set_budget_limit(self, tenant: str, limit: int | None) -> TenantRecord:
+        """Change the tenant's limit; ``UnknownTenant`` if there is no such tenant."""
+
+    def set_task_budget(self, tenant: str, task_id: str, limit: int | None) -> None:
+        """Give one task its own limit (``None`` removes it); spending is kept."""
+
+    def budget(self, tenant: str, task_id: str | None = None) -> BudgetState:
+        """The tenant's budget, or the task's when the task has its own limit."""
+
+    def reserve_budget(self, tenant: str, task_id: str | None, cost: int) -> bool:
+        """Reserve ``cost`` against the tenant's limit and, if the task has one, the
+        task's; False (nothing reserved) when either would be exceeded."""
+
+    def settle_budget(self, tenant: str, task_id: str | None, cost: int, *, spent: bool) -> None:
+        """End a reservation of ``cost``: count it as spent, or release it.
+        ``BudgetNotReserved`` (nothing changed) if less than ``cost`` is reserved."""
+
+    # -- connections ------------------------------------------------------------------
+
+    def put_connection(
+        self, tenant: str, alias: str, *, status: ConnectionStatus, account: str
+    ) -> ConnectionRecord:
+        """Create or replace the connection; ``UnknownTenant`` if there is no such tenant."""
+
+    def set_connection_status(
+        self, tenant: str, alias: str, status: ConnectionStatus
+    ) -> ConnectionRecord:
+        """``UnknownConnection`` if the tenant has no connection with that alias."""
+
+    def connections(self, tenant: str) -> dict[str, ConnectionRecord]:
+        """The tenant's connections by alias (empty for an unknown tenant)."""
+
+    # -- evidence ---------------------------------------------------------------------
+
+    def record_evidence(
+        self, tenant: str, task_id: str, name: str, *, source: str
+    ) -> EvidenceRecord:
+        """Record it once; recording the same name again keeps (and returns) the first
+        record. ``UnknownTenant`` if there is no such tenant."""
+
+    def evidence(self, tenant: str, task_id: str) -> set[str]: ...
+
+    # -- operations -------------------------------------------------------------------
+
+    def insert_operation(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        tool: str,
+        params_digest: str,
+        cost: int,
+        task_id: str | None,
+        lease_until: datetime,
+    ) -> OperationRecord | None:
+        """Insert a RUNNING operation (attempts 1, ``task_id`` kept for settling);
+        None if the id exists already. ``UnknownTenant`` if there is no such tenant."""
+
+    def get_operation(
+        self, tenant: str, operation_id: str, *, for_update: bool = False
+    ) -> OperationRecord | None:
+        """``for_update`` locks the row until the transaction ends (PostgreSQL)."""
+
+    def update_operation(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        status: OperationStatus,
+        outcome: dict[str, Any] | None,
+        attempts: int,
+        lease_until: datetime | None,
+    ) -> OperationRecord:
+        """``UnknownOperation`` if the tenant has no such operation."""
+
+    def stale_operations(self) -> list[OperationRecord]:
+        """RUNNING operations whose lease ended before ``now``."""
+
+    # -- proposals and reviews --------------------------------------------------------
+
+    def insert_proposal(self, proposal: ProposalRecord) -> ProposalRecord:
+        """``DuplicateOperation`` if the tenant already has a proposal for that id."""
+
+    def get_proposal(
+        self, proposal_id: str, *, for_update: bool = False
+    ) -> ProposalRecord | None: ...
+
+    def update_proposal(
+        self, proposal_id: str, *, status: ProposalStatus, reason_codes: list[str]
+    ) -> ProposalRecord:
+        """``UnknownProposal`` if there is no such proposal."""
+
+    def list_proposals(
+        self, *, tenant: str | None = None, status: ProposalStatus | None = None
+    ) -> list[ProposalRecord]:
+        """Proposals in insertion order, filtered by tenant and status when given."""
+
+    def insert_review(self, review: ReviewRecord) -> ReviewRecord:
+        """``UnknownProposal`` for a proposal that does not exist, ``DuplicateRecord``
+        for a review id that does."""
+
+    def reviews(self, proposal_id: str) -> list[ReviewRecord]:
+        """Every review of the proposal, oldest first."""
+
+    def consume_review(self, review_id: str) -> bool:
+        """Mark an approval used at ``now``; False if it was used already (or is a
+        rejection); ``UnknownReview`` if there is no such review."""
+
+    # -- ledger -----------------------------------------------------------------------
+
+    def append(self, entry: LedgerEntry) -> LedgerRow:
+        """Append one row to the hash chain (serialised across processes)."""
+
+
+class Store(Protocol):
+    """A gateway's state, shared by every gateway process that opens the same URL."""
+
+    #: ``sqlite`` or ``postgresql``.
+    backend: str
+    #: Where it is, without any password (for logs and ``capgate doctor``).
+    location: str
+
+    def transaction(self, *, read_only: bool = False) -> AbstractContextManager[Tx]:
+        """Begin a transaction; commit on a normal exit, roll back on error.
+
+        A writing transaction serialises with every other writer on the store;
+        ``read_only=True`` reads one snapshot without waiting for writers (for
+        decision-time reads), and any write in it raises StoreError.
+        """
+
+    def ledger(
+        self,
+        *,
+        tenant: str | None = None,
+        operation_id: str | None = None,
+        proposal_id: str | None = None,
+        after_seq: int = 0,
+        limit: int | None = None,
+    ) -> list[LedgerRow]:
+        """Ledger rows in sequence order, filtered."""
+
+    def verify_ledger(self) -> VerifyReport:
+        """Recompute the whole hash chain; report the first row that does not fit."""
+
+    def schema_version(self) -> int: ...
+
+    def close(self) -> None: ...
