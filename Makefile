@@ -5,7 +5,7 @@
 VENV := .venv/bin
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup help demo test policy-test lint typecheck unit integration bench clean
+.PHONY: setup help demo test policy-test lint typecheck unit integration fuzz bench clean
 
 # The first target is the default: a bare `make` sets up and stops.
 setup: ## build the pinned OPA and Regal, create .venv, fill .tools/wheelhouse (idempotent)
@@ -21,7 +21,7 @@ demo: setup ## run both worked examples against a real OPA
 test: policy-test lint typecheck unit integration ## run every gate (what CI runs)
 	@echo "make test: every gate passed"
 
-policy-test: setup ## Rego gate: opa fmt, opa check --strict, regal lint, opa test + coverage
+policy-test: setup ## Rego gate: opa fmt, check --strict, capabilities (no network), regal, opa test + coverage
 	@bash scripts/policy-gate.sh
 
 lint: setup ## ruff check and ruff format --check over the Python code and tests
@@ -34,11 +34,20 @@ typecheck: setup ## strict mypy over gateway, adapters and capgate
 unit: setup ## fast tests of the Python logic (no OPA)
 	$(VENV)/python -m pytest -m "not integration" tests
 
-integration: setup ## tests against a real OPA process, and of the set-up scripts
+integration: setup ## tests against a real OPA process, of the set-up scripts, and a short fuzz run
 	$(VENV)/python -m pytest -m integration tests
+
+# The long fuzz run (tests/fuzz/runs.py): hypothesis properties with FUZZ_EXAMPLES
+# examples each, every atheris target for FUZZ_SECONDS; the same fixed seeds as the
+# short run in `make integration`. Override either: make fuzz FUZZ_SECONDS=600
+FUZZ_EXAMPLES ?= 5000
+FUZZ_SECONDS ?= 120
+fuzz: setup ## the long fuzz run: 5,000 examples per property, 2 minutes per atheris target
+	CAPGATE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CAPGATE_ATHERIS_SECONDS=$(FUZZ_SECONDS) \
+		$(VENV)/python -m pytest -m integration tests/fuzz
 
 bench: setup ## measure compose times by catalogue size into docs/benchmarks.md
 	$(VENV)/python benchmarks/compose_scaling.py --output docs/benchmarks.md
 
 clean: ## remove .tools (binaries, logs, wheelhouse), .venv and the tool caches
-	rm -rf .tools .venv .mypy_cache .pytest_cache .ruff_cache
+	rm -rf .tools .venv .mypy_cache .pytest_cache .ruff_cache .hypothesis

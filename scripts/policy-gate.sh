@@ -1,37 +1,101 @@
 #!/usr/bin/env bash
-# The policy gate, in order: format, strict compile, lint, tests with coverage.
-# Any failure stops the gate with a non-zero status.
+# The policy gate, in order: format, strict compile, capabilities, lint, tests with
+# coverage. Any failure stops the gate with a non-zero status.
+#
+# usage: scripts/policy-gate.sh [--only STEP] [POLICIES_DIR]
+#   STEP: fmt, check, capabilities, regal or test (test includes coverage); the
+#   default runs them all. POLICIES_DIR defaults to policies/ (the tests run
+#   `--only capabilities` on a copy with a policy added).
 set -euo pipefail
 
+only=""
+if [ "${1:-}" = "--only" ]; then
+  only="${2:?--only needs a step: fmt, check, capabilities, regal or test}"
+  shift 2
+fi
+case "$only" in
+  "" | fmt | check | capabilities | regal | test) ;;
+  *) echo "policy-gate: unknown step '$only' (fmt, check, capabilities, regal, test)" >&2; exit 2 ;;
+esac
+step() { [ -z "$only" ] || [ "$only" = "$1" ]; }
+
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+policies="$(cd "${1:-$root/policies}" && pwd)"
 cd "$root"
 opa=.tools/bin/opa
 regal=.tools/bin/regal
 threshold="${CAPGATE_COVERAGE_THRESHOLD:-95}"
 
-echo "policy-gate: opa fmt"
-unformatted="$("$opa" fmt --list policies)"
-if [ -n "$unformatted" ]; then
-  echo "policy-gate: these files need 'opa fmt -w':" >&2
-  echo "$unformatted" >&2
-  exit 1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+if step fmt; then
+  echo "policy-gate: opa fmt"
+  unformatted="$("$opa" fmt --list "$policies")"
+  if [ -n "$unformatted" ]; then
+    echo "policy-gate: these files need 'opa fmt -w':" >&2
+    echo "$unformatted" >&2
+    exit 1
+  fi
 fi
 
-echo "policy-gate: opa check --strict"
-"$opa" check --strict policies
+if step check; then
+  echo "policy-gate: opa check --strict"
+  "$opa" check --strict "$policies"
+fi
 
-echo "policy-gate: regal lint"
-"$regal" lint --format pretty policies
+# Capabilities: which builtins a policy may call. The policies are capgate's security
+# boundary and must decide from their input and data alone, so the builtins that reach
+# the network or the host are removed: http.send (an HTTP request to anywhere: it could
+# carry the facts off the machine or let a remote server decide), net.lookup_ip_addr (a
+# DNS query, also a way out), and opa.runtime (OPA's environment and configuration, where
+# a host secret could be read). Removed by family, so a builtin that a later OPA adds to
+# one of these (http.*, net.lookup_*) is removed as well.
+#
+# Generated here from the pinned OPA (`opa capabilities --current`) rather than committed
+# as policies/capabilities.json: the list then always describes the OPA the gate runs
+# (scripts/versions.env pins it), an OPA upgrade needs no regenerated 200-builtin file,
+# and policies/ holds only Rego (a JSON file there is loaded as data by `opa test`). The
+# removed names are printed, so a rename in a future OPA shows in the gate's output.
+if step capabilities; then
+  echo "policy-gate: opa check --strict --capabilities (no builtin that reaches the network or host)"
+  "$opa" capabilities --current > "$work/current.json"
+  python3 - "$work/current.json" "$work/capabilities.json" <<'PY'
+import json, sys
 
-echo "policy-gate: opa test"
-"$opa" test --fail-on-empty --timeout 60s policies
+def forbidden(name: str) -> bool:
+    return name.startswith(("http.", "net.lookup_")) or name == "opa.runtime"
 
-echo "policy-gate: opa test --coverage (threshold ${threshold}%)"
-report="$(mktemp)"
-trap 'rm -f "$report"' EXIT
-status=0
-"$opa" test --fail-on-empty --timeout 60s --coverage --threshold "$threshold" policies > "$report" || status=$?
-python3 - "$report" "$threshold" <<'PY'
+capabilities = json.load(open(sys.argv[1]))
+removed = sorted(b["name"] for b in capabilities["builtins"] if forbidden(b["name"]))
+missing = {"http.send", "net.lookup_ip_addr", "opa.runtime"} - set(removed)
+if missing:
+    sys.exit(f"policy-gate: this OPA has no {sorted(missing)}: review the capabilities filter")
+capabilities["builtins"] = [b for b in capabilities["builtins"] if not forbidden(b["name"])]
+json.dump(capabilities, open(sys.argv[2], "w"))
+print(f"policy-gate: builtins removed: {', '.join(removed)}")
+PY
+  if ! "$opa" check --strict --capabilities "$work/capabilities.json" "$policies"; then
+    echo "policy-gate: a policy calls a builtin outside capgate's capabilities; policies must" >&2
+    echo "policy-gate: not reach the network or the host (http.send, net.lookup_*, opa.runtime)" >&2
+    exit 1
+  fi
+fi
+
+if step regal; then
+  echo "policy-gate: regal lint"
+  "$regal" lint --format pretty "$policies"
+fi
+
+if step test; then
+  echo "policy-gate: opa test"
+  "$opa" test --fail-on-empty --timeout 60s "$policies"
+
+  echo "policy-gate: opa test --coverage (threshold ${threshold}%)"
+  report="$work/coverage.json"
+  status=0
+  "$opa" test --fail-on-empty --timeout 60s --coverage --threshold "$threshold" "$policies" > "$report" || status=$?
+  python3 - "$report" "$threshold" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 print(f"policy-gate: policy coverage {report.get('coverage', 0):.2f}% (threshold {sys.argv[2]}%)")
@@ -40,4 +104,5 @@ for name, f in sorted(report.get("files", {}).items()):
     if missed:
         print(f"  {name}: {f.get('coverage', 0):.1f}%, not covered: {', '.join(missed)}")
 PY
-exit "$status"
+  exit "$status"
+fi

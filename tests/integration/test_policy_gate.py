@@ -1,0 +1,63 @@
+"""The policy gate keeps builtins that reach the network or the host out of the policies.
+
+``scripts/policy-gate.sh --only capabilities DIR`` runs ``opa check --strict`` with
+the pinned OPA's capabilities minus ``http.send``, ``net.lookup_*`` and
+``opa.runtime``. The real policies pass it; a copy of them with one more file that
+calls any of those builtins fails it, naming the file and the builtin, although the
+same copy passes the plain strict check: it is the capabilities that catch it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+GATE: Final = ROOT / "scripts" / "policy-gate.sh"
+
+#: One policy per forbidden builtin: strict-clean Rego, so only the capabilities object.
+REACHING_OUT: Final = {
+    "http.send": 'reply := http.send({"method": "GET", "url": "http://example.test/facts"})',
+    "net.lookup_ip_addr": 'addresses := net.lookup_ip_addr("example.test")',
+    "opa.runtime": "home := opa.runtime().env.HOME",
+}
+
+
+def gate(step: str, policies: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(GATE), "--only", step, str(policies)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_policies_use_no_builtin_that_reaches_out() -> None:
+    done = gate("capabilities", ROOT / "policies")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "builtins removed: http.send, net.lookup_ip_addr, opa.runtime" in done.stdout
+
+
+@pytest.mark.parametrize("builtin", sorted(REACHING_OUT))
+def test_a_policy_that_reaches_out_fails_the_gate(builtin: str, tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(ROOT / "policies", policies)
+    leak = policies / "capgate" / "leak" / "leak.rego"
+    leak.parent.mkdir()
+    leak.write_text(f"package capgate.leak\n\n{REACHING_OUT[builtin]}\n")
+
+    strict = gate("check", policies)
+    assert strict.returncode == 0, f"the plain strict check should pass:\n{strict.stderr}"
+
+    done = gate("capabilities", policies)
+    assert done.returncode != 0, f"the gate let {builtin} through:\n{done.stdout}"
+    assert f"undefined function {builtin}" in done.stderr
+    assert "leak.rego" in done.stderr
+    assert "not reach the network or the host" in done.stderr
