@@ -18,7 +18,7 @@ library never imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,10 @@ from gateway.dispatch.registry import require_catalogue_names
 from gateway.dispatch.transport import CallContext, ToolFunction
 from gateway.errors import quote
 
-__all__ = ["InProcessTools", "ToolSpec", "current_call"]
+#: The signature of a tool's lookup: the operation id in, the result (or None) out.
+LookupFunction = Callable[[str], Mapping[str, Any] | None]
+
+__all__ = ["InProcessTools", "LookupFunction", "ToolSpec", "current_call"]
 
 _current: ContextVar[CallContext | None] = ContextVar("capgate_current_call", default=None)
 
@@ -47,6 +50,9 @@ class ToolSpec:
     name: str
     description: str
     run: ToolFunction
+    #: ``lookup(operation_id) -> result or None``: what an earlier attempt of the
+    #: operation did at the provider (see gateway.dispatch.transport.SupportsLookup).
+    lookup: LookupFunction | None = None
 
 
 class InProcessTools:
@@ -61,17 +67,32 @@ class InProcessTools:
         self._tools: dict[str, ToolSpec] = {}
         self._known = None if catalogue_tools is None else frozenset(catalogue_tools)
 
-    def register(self, name: str, description: str, run: ToolFunction) -> None:
-        """Add the tool ``name``; a second tool of the same name is an error."""
+    def register(
+        self,
+        name: str,
+        description: str,
+        run: ToolFunction,
+        *,
+        lookup: LookupFunction | None = None,
+    ) -> None:
+        """Add the tool ``name``; a second tool of the same name is an error.
+
+        ``lookup`` (optional) finds what an earlier attempt of an operation did at
+        the provider, by operation id; a tool that has one can be retried after an
+        ``unknown`` outcome without sending twice. It runs with :func:`current_call`
+        set, like the tool.
+        """
         if not isinstance(name, str) or not name:
             raise TypeError("a tool name must be a non-empty string")
         if not callable(run):
             raise TypeError(f"tool {quote(name)}: run must be callable")
+        if lookup is not None and not callable(lookup):
+            raise TypeError(f"tool {quote(name)}: lookup must be callable")
         if name in self._tools:
             raise ValueError(f"tool {quote(name)} is already registered")
         if self._known is not None:
             require_catalogue_names([name], self._known)
-        self._tools[name] = ToolSpec(name, description, run)
+        self._tools[name] = ToolSpec(name, description, run, lookup)
 
     def names(self) -> Iterable[str]:
         return self._tools.keys()
@@ -87,6 +108,22 @@ class InProcessTools:
         token = _current.set(context)
         try:
             return self._tools[name].run(**params)
+        finally:
+            _current.reset(token)
+
+    def has_lookup(self, name: str) -> bool:
+        spec = self._tools.get(name)
+        return spec is not None and spec.lookup is not None
+
+    def lookup(
+        self, name: str, operation_id: str, context: CallContext
+    ) -> Mapping[str, Any] | None:
+        spec = self._tools.get(name)
+        if spec is None or spec.lookup is None:
+            return None
+        token = _current.set(context)
+        try:
+            return spec.lookup(operation_id)
         finally:
             _current.reset(token)
 

@@ -1,4 +1,4 @@
-"""``capgate``: the command line for operators and policy authors.
+"""``capgate``: the command line for operators, reviewers and policy authors.
 
     capgate demo                          run both worked examples against a real OPA
     capgate doctor [--catalogue DIR]      show what is in use (versions, OPA, policies) and check it
@@ -6,9 +6,20 @@
     capgate bundle CATALOGUE_DIR OUT_DIR  write an OPA bundle (policies + compiled data)
     capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json]
 
-Every command exits 0 on success and 2 on an error (bad input, catalogue or
-address; OPA unavailable); ``eval`` exits 3 for a denied call, ``demo`` 1 when an
-expectation of the demo did not hold, and any command 130 on Ctrl-C.
+and, over the gateway's store (``--store URL`` or ``$CAPGATE_STORE``; the commands
+live in :mod:`capgate.commands`)::
+
+    capgate tenants add|list              tenants, budget classes and limits
+    capgate connections list|add|revoke|restore
+    capgate budget show|set               a tenant's or a task's budget
+    capgate proposals list|show|approve|reject
+    capgate ledger show|verify            the hash-chained ledger
+
+Every command exits 0 on success and 2 on an error (bad input, catalogue, store or
+address; OPA unavailable); ``eval`` exits 3 for a denied call and ``proposals
+approve|reject`` 3 when the review policy refuses, ``demo`` 1 when an expectation of
+the demo did not hold, ``ledger verify`` 1 when the hash chain is broken, and any
+command 130 on Ctrl-C. Each command's ``--help`` lists its own.
 
 ``eval`` shows an answer only after the checks the dispatcher applies before obeying
 it (:mod:`gateway.dispatch.verify`, the same functions): an allow the dispatcher
@@ -30,6 +41,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from capgate.commands import ledger, proposals, state
+from capgate.commands.common import (
+    EXIT_DEMO_FAILED,
+    EXIT_DENIED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    exit_codes,
+)
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.dispatch.verify import verify_compose, verify_execute
@@ -41,8 +61,6 @@ from gateway.opa.sidecar import PolicySidecar
 from gateway.version import __version__
 
 __all__ = ["EXIT_DEMO_FAILED", "EXIT_DENIED", "EXIT_ERROR", "EXIT_OK", "main"]
-
-EXIT_OK, EXIT_DEMO_FAILED, EXIT_ERROR, EXIT_DENIED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 _EXITS = {
     "common": [(EXIT_OK, "success"), (EXIT_ERROR, "error: bad input, catalogue or address")],
@@ -64,8 +82,7 @@ _EXITS = {
 
 
 def _exit_codes(kind: str) -> str:
-    rows = sorted([*_EXITS.get(kind, _EXITS["common"]), (EXIT_INTERRUPTED, "interrupted (Ctrl-C)")])
-    return "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in rows)
+    return exit_codes(_EXITS.get(kind, _EXITS["common"]))
 
 
 def _read_input(path: Path) -> Any:
@@ -182,7 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="capgate",
         description="Policy-engine-backed authorisation for AI-agent tools: "
-        "the command line for operators and policy authors.",
+        "the command line for operators, reviewers and policy authors.",
         epilog=_exit_codes("common").replace(
             "exit status:",
             "exit status (see each command's --help for its own):",
@@ -229,6 +246,10 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)")
     ev.add_argument("--json", action="store_true", help="print the decision as JSON")
     ev.set_defaults(run=_eval)
+
+    state.register(sub)
+    proposals.register(sub)
+    ledger.register(sub)
     return parser
 
 

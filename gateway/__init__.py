@@ -1,49 +1,79 @@
 """capgate: policy-engine-backed authorisation for AI-agent tools.
 
-An agent never holds a tool. It asks a :class:`Dispatcher`, which asks OPA two
-questions (compose: which tools may this agent see; execute: may this exact call
-run now), runs the tool only on an allow, and fails closed on every error.
+An agent never holds a tool. It asks a :class:`Gateway`, which gathers the facts
+that grant from its own store, asks OPA (compose: which tools may this agent see;
+execute: may this exact call run now; review: may this person approve this
+proposal), runs a tool only on an allow, records everything in a hash-chained
+ledger, and fails closed on every error. :class:`Dispatcher` is the stateless
+enforcement core underneath it.
 """
 
 from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.digest import params_digest
-from gateway.dispatch.agent import AgentSession
-from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher, PolicyDecider
+from gateway.dispatch.dispatcher import (
+    Authorised,
+    DecisionEvent,
+    Dispatcher,
+    PolicyDecider,
+    Prepared,
+)
 from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter, CallContext
+from gateway.dispatch.transport import Adapter, CallContext, Secret, SupportsLookup
 from gateway.errors import (
     CapabilityViolation,
     CapgateError,
     CatalogueError,
+    CredentialUnavailable,
     InvalidInput,
     ObligationUnsupported,
     OPAProcessError,
+    OperationConflict,
     PolicyUnavailable,
     ToolFailed,
     ToolNotInCatalogue,
     ToolNotRegistered,
 )
 from gateway.model.contracts import Catalogue, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from gateway.model.decisions import (
+    ComposeDecision,
+    ExecuteDecision,
+    Obligation,
+    Reason,
+    ReviewDecision,
+)
 from gateway.model.facts import (
     Approval,
     Call,
     ComposeInput,
+    ConnectionStatus,
     ExecuteInput,
     Principal,
     ResourceRef,
+    Stage,
     Task,
 )
-from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable, ToolUnknown
 from gateway.opa.client import PolicyClient
 from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.service.agent import AgentSession
+from gateway.service.credentials import (
+    CredentialResolver,
+    EnvironmentCredentials,
+    StaticCredentials,
+)
+from gateway.service.gateway import Gateway
+from gateway.service.requests import AgentRequest
+from gateway.state import Store, StoreError, open_store
+from gateway.state.records import ProposalRecord, ProposalStatus, ReviewRecord, ReviewVerdict
 from gateway.version import __version__
 
 __all__ = [
     "OPA_URL_ENV",
     "Adapter",
+    "AgentRequest",
     "AgentSession",
     "Approval",
+    "Authorised",
     "Call",
     "CallContext",
     "CapabilityViolation",
@@ -52,23 +82,41 @@ __all__ = [
     "CatalogueError",
     "ComposeDecision",
     "ComposeInput",
+    "ConnectionStatus",
+    "CredentialResolver",
+    "CredentialUnavailable",
     "DecisionEvent",
     "Dispatcher",
+    "EnvironmentCredentials",
     "ExecuteDecision",
     "ExecuteInput",
+    "Gateway",
     "InvalidInput",
     "OPAProcessError",
     "Obligation",
     "ObligationUnsupported",
+    "OperationConflict",
     "Outcome",
     "OutcomeStatus",
     "PolicyClient",
     "PolicyDecider",
     "PolicySidecar",
     "PolicyUnavailable",
+    "Prepared",
     "Principal",
+    "ProposalRecord",
+    "ProposalStatus",
     "Reason",
     "ResourceRef",
+    "ReviewDecision",
+    "ReviewRecord",
+    "ReviewVerdict",
+    "Secret",
+    "Stage",
+    "StaticCredentials",
+    "Store",
+    "StoreError",
+    "SupportsLookup",
     "Task",
     "ToolContract",
     "ToolFailed",
@@ -77,8 +125,10 @@ __all__ = [
     "ToolRefused",
     "ToolRegistry",
     "ToolRetryable",
+    "ToolUnknown",
     "__version__",
     "compile_catalogue",
     "load_catalogue",
+    "open_store",
     "params_digest",
 ]

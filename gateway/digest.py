@@ -148,7 +148,7 @@ def plain_json(
             size += len(copy) + 2
         elif source is None or issubclass(kind, bool):
             copy = None if source is None else bool(int.__int__(source))
-            size += 5
+            size += 5 if copy is False else 4  # false; null, true
         elif issubclass(kind, int):
             copy = int.__int__(source)
             # bit_length is O(1): never turn a huge integer into digits to measure it.
@@ -161,7 +161,7 @@ def plain_json(
                 raise _not_json(
                     what, path, "is not a finite number (NaN and infinity are not JSON)"
                 )
-            size += 24
+            size += len(float.__repr__(copy))  # what json writes for it
         else:
             raise _not_json(what, path, f"holds a {kind.__name__}, which JSON has no type for")
         if max_bytes is not None and size > max_bytes:

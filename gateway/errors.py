@@ -9,6 +9,7 @@ errors come back::
     CapgateError                 capgate_error
     ├── CatalogueError           catalogue_invalid       a catalogue file is wrong; nothing loaded
     ├── InvalidInput             input_invalid           bad facts or parameters; OPA not asked
+    │   └── OperationConflict    operation_conflict      an operation id reused for another call
     ├── PolicyUnavailable        policy_unavailable      no usable decision: fail closed
     │   └── OPAProcessError      opa_process_failed      the embedded OPA could not start
     ├── CapabilityViolation      capability_denied       OPA said no; carries the reason codes
@@ -16,6 +17,8 @@ errors come back::
     │                                                    those the contract requires
     ├── ToolNotRegistered        tool_not_registered     granted, but no adapter holds the tool
     ├── ToolNotInCatalogue       tool_not_in_catalogue   a registered name the catalogue lacks
+    ├── CredentialUnavailable    credential_unavailable  a connection's secret could not be resolved
+    ├── StoreError ...           store_*, unknown_*      the gateway's store (gateway.state.errors)
     └── ToolFailed               tool_failed             it ran, but did not succeed; see .outcome
 
 Messages quote what a caller supplied (tool names, identifiers, field paths) only
@@ -40,9 +43,11 @@ __all__ = [
     "CapabilityViolation",
     "CapgateError",
     "CatalogueError",
+    "CredentialUnavailable",
     "InvalidInput",
     "OPAProcessError",
     "ObligationUnsupported",
+    "OperationConflict",
     "PolicyUnavailable",
     "ToolFailed",
     "ToolNotInCatalogue",
@@ -175,6 +180,8 @@ class CapabilityViolation(CapgateError):
         self.tool = tool
         self.reasons = list(reasons)
         self.decision_id = decision_id
+        #: The policy revision the denial was made under, when the dispatcher knows it.
+        self.revision: str | None = None
         codes = ", ".join(cut(r.code, 40) for r in self.reasons[:10]) or "no reason given"
         if len(self.reasons) > 10:
             codes += f" and {len(self.reasons) - 10} more"
@@ -245,6 +252,23 @@ class ToolNotInCatalogue(CapgateError):
             f"registered tool(s) not in the catalogue: {', '.join(parts)}; "
             "add them to tools.yaml or fix the name"
         )
+
+
+class OperationConflict(InvalidInput):
+    """An operation id was used again for another call (other tool or parameters).
+
+    The same id with the same call returns the first outcome without a second side
+    effect; with anything else it is a mistake (or an attempt to ride on another
+    call's approval), so nothing is asked or run.
+    """
+
+    code: ClassVar[str] = "operation_conflict"
+
+
+class CredentialUnavailable(CapgateError):
+    """The secret behind a connection alias could not be resolved; nothing was run."""
+
+    code: ClassVar[str] = "credential_unavailable"
 
 
 class ToolFailed(CapgateError):

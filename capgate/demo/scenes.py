@@ -1,19 +1,23 @@
-"""The demo: both seed examples, end to end against a real OPA, with a printed trace.
+"""The demo: the seed examples and the proposal life cycle, against a real OPA.
 
 Every step states what it expects; the demo checks its own claims and returns a
 non-zero exit status if the gateway did anything else (a denied tool entered, an
-omen that changed between two identical draws, a missing reason code), so it is a
-smoke test as well as a show.
+omen that changed between two identical draws, a missing reason code, an email sent
+twice, a secret in the ledger), so it is a smoke test as well as a show.
+
+Each scene runs a gateway over a fresh SQLite store in a temporary folder: the
+connections, budgets, evidence and approvals the gateway decides with come from
+that store, never from the demo's own calls.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from functools import partial
+from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.in_process import InProcessTools
@@ -21,16 +25,28 @@ from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.agent import AgentSession
-from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
+from gateway.dispatch.dispatcher import DecisionEvent
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation
 from gateway.model.contracts import Catalogue
-from gateway.model.facts import Approval, ComposeInput
+from gateway.model.facts import ConnectionStatus, Principal
+from gateway.model.outcomes import OutcomeStatus
 from gateway.opa.sidecar import PolicySidecar
+from gateway.service.agent import AgentSession
+from gateway.service.credentials import StaticCredentials
+from gateway.service.gateway import Gateway
+from gateway.service.requests import AgentRequest
+from gateway.state import open_store
+from gateway.state.records import ProposalRecord, ProposalStatus
 
 __all__ = ["run_demo"]
+
+#: The demo's connection secrets. They must never appear in the ledger or the trace.
+_SECRETS = {
+    ("acme", "crm"): "demo-secret-crm-7f3a",
+    ("acme", "sales_mailbox"): "demo-secret-mailbox-91c2",
+    ("acme", "bank"): "demo-secret-bank-c0de",
+}
 
 
 @dataclass
@@ -46,12 +62,16 @@ class _Trace:
         if event.kind == "compose":
             visible = ", ".join(event.visible) or "(none)"
             self.say(f"  compose  {event.agent:<16} visible: {visible}   {decision}")
-        else:
-            verdict = "ALLOW" if event.allow else "DENY "
-            detail = event.status if event.allow else ", ".join(event.reason_codes)
-            self.say(
-                f"  execute  {event.agent:<16} {event.tool:<20} {verdict} {detail}   {decision}"
-            )
+            return
+        verdict = "ALLOW" if event.allow else "DENY "
+        detail = (event.status or "granted") if event.allow else ", ".join(event.reason_codes)
+        if event.via:
+            detail += f" (via {event.via})"
+        stage = f"[{event.stage}]" if event.stage else ""
+        self.say(
+            f"  execute  {event.agent:<16} {event.tool or '?':<22} {stage:<10} "
+            f"{verdict} {detail}   {decision}"
+        )
 
     def expect(self, ok: bool, claim: str) -> None:
         self.say(f"    {'ok  ' if ok else 'FAIL'} {claim}")
@@ -60,15 +80,35 @@ class _Trace:
 
 
 @contextmanager
-def _dispatcher(
-    catalogue: Catalogue, registry: ToolRegistry, trace: _Trace
-) -> Iterator[Dispatcher]:
+def _gateway(
+    catalogue: Catalogue,
+    registry: ToolRegistry,
+    trace: _Trace,
+    seed: Callable[[Any], None],
+) -> Iterator[Gateway]:
     # A generous timeout: the demo runs on busy shared machines too, and a flaky demo
     # teaches nothing. Services keep the short default (docs/architecture.md).
-    with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+    with (
+        tempfile.TemporaryDirectory(prefix="capgate-demo-") as folder,
+        PolicySidecar(catalogue, timeout=5.0) as sidecar,
+    ):
         for line in sidecar.describe_lines():
             trace.say(f"  {line}")
-        yield Dispatcher(catalogue, sidecar.client, registry, observer=trace.observe)
+        store = open_store(str(Path(folder) / "state.db"))
+        try:
+            with store.transaction() as tx:
+                seed(tx)
+            trace.say(f"  store: {store.location} (tenants, connections and budgets seeded)")
+            yield Gateway(
+                catalogue,
+                sidecar.client,
+                registry,
+                store,
+                credentials=StaticCredentials(_SECRETS),
+                observer=trace.observe,
+            )
+        finally:
+            store.close()
 
 
 def _denied(call: Callable[[], Any]) -> CapabilityViolation | None:
@@ -79,25 +119,30 @@ def _denied(call: Callable[[], Any]) -> CapabilityViolation | None:
     return None
 
 
+def _request(agent: str, role: str, tenant: str, task: dict[str, Any], env: str) -> AgentRequest:
+    return AgentRequest.model_validate(
+        {"principal": {"agent": agent, "role": role, "tenant": tenant}, "task": task,
+         "environment": env}
+    )  # fmt: skip
+
+
+# -- oracle-grove ---------------------------------------------------------------------
+
+
 def _oracle_grove(trace: _Trace) -> None:
     trace.say("== oracle-grove: a tool-using agent beside a tool-less one ==")
     catalogue = load_catalogue(demo_catalogue_dir("oracle-grove"))
     tools = InProcessTools()
     tools.register("oracle", ORACLE_DESCRIPTION, oracle)
-    registry = ToolRegistry(tools)
 
-    def facts(agent: str) -> ComposeInput:
-        return ComposeInput.model_validate(
-            {
-                "principal": {"agent": agent, "role": agent, "tenant": "grove"},
-                "task": {"type": "scene"},
-                "environment": "development",
-                "budget_class": "standard",
-            }
-        )
+    def seed(tx: Any) -> None:
+        tx.put_tenant("grove", budget_class="standard", budget_limit=None)
 
-    with _dispatcher(catalogue, registry, trace) as dispatcher:
-        teller = AgentSession(dispatcher, facts("fortune-teller"))
+    def request(agent: str) -> AgentRequest:
+        return _request(agent, agent, "grove", {"type": "scene", "id": "scene-1"}, "development")
+
+    with _gateway(catalogue, ToolRegistry(tools), trace, seed) as gateway:
+        teller = AgentSession(gateway, request("fortune-teller"))
         trace.say("    prompt block: " + teller.available_tools_block().replace("\n", " | "))
         first = teller.call_tool("oracle", seed="harvest-moon")
         event = {"type": "oracle.spoke", "payload": {"omen": first["omen"], "seed": first["seed"]}}
@@ -105,7 +150,7 @@ def _oracle_grove(trace: _Trace) -> None:
         again = teller.call_tool("oracle", seed="harvest-moon")
         trace.expect(again["omen"] == first["omen"], "same seed, same omen")
 
-        whisperer = AgentSession(dispatcher, facts("scene-whisperer"))
+        whisperer = AgentSession(gateway, request("scene-whisperer"))
         trace.say("    prompt block: " + whisperer.available_tools_block())
         trace.expect(whisperer.visible_tools == [], "scene-whisperer sees no tool")
         denial = _denied(lambda: whisperer.call_tool("oracle", seed="harvest-moon"))
@@ -116,155 +161,202 @@ def _oracle_grove(trace: _Trace) -> None:
         trace.say("    emitted {'type': 'world.observed', 'payload': {'omen': None}}")
 
 
+# -- sales -----------------------------------------------------------------------------
+
+
+def _seed_acme(tx: Any) -> None:
+    tx.put_tenant("acme", budget_class="unlimited", budget_limit=100)
+    for alias, account in (
+        ("crm", "acme@crm.example"),
+        ("sales_mailbox", "sales@acme.example"),
+        ("bank", "acme-treasury@bank.example"),
+    ):
+        tx.put_connection("acme", alias, status=ConnectionStatus.ACTIVE, account=account)
+
+
+_QUOTE_TASK = {
+    "type": "customer_quote",
+    "id": "task-quote-17",
+    "linked_resources": [
+        {"type": "contact", "id": "c-42"},
+        {"type": "opportunity", "id": "opp-17"},
+        {"type": "invoice", "id": "inv-9"},
+    ],
+}
+_PAY_TASK = {
+    "type": "invoice_payment",
+    "id": "task-pay-9",
+    "linked_resources": [{"type": "invoice", "id": "inv-9"}],
+}
+_PAYMENT: dict[str, Any] = {
+    "invoice_id": "inv-9",
+    "amount_cents": 120_000,
+    "currency": "EUR",
+    "beneficiary": "DE44500105175407324931",
+}
+_EMAIL: dict[str, Any] = {
+    "opportunity_id": "opp-17",
+    "recipient": "ada@example.test",
+    "subject": "Your quote",
+    "body": "Dear Ada, please find our quote attached.",
+}
+_MANAGER = Principal(agent="maria", role="sales_manager", tenant="acme")
+_CONTROLLER = Principal(agent="carl", role="controller", tenant="acme")
+
+
 def _sales(trace: _Trace) -> None:
     trace.say("")
-    trace.say("== sales / support / finance: compose by intersection, check every call ==")
+    trace.say("== sales / support / finance: compose, propose, review, dispatch ==")
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
     desk = SalesDesk()
-    registry = ToolRegistry(desk.tools())
 
-    def facts(agent: str, role: str, **changes: Any) -> ComposeInput:
-        base: dict[str, Any] = {
-            "principal": {"agent": agent, "role": role, "tenant": "acme"},
-            "task": {
-                "type": "customer_quote",
-                "needs": ["contact.read", "quote.propose", "payment.execute"],
-                "linked_resources": [
-                    {"type": "contact", "id": "c-42"},
-                    {"type": "opportunity", "id": "opp-17"},
-                    {"type": "invoice", "id": "inv-9"},
-                ],
-            },
-            "connections": {"crm": "active", "sales_mailbox": "active", "bank": "active"},
-            "environment": "production",
-            "budget_class": "unlimited",
-        }
-        base.update(changes)
-        return ComposeInput.model_validate(base)
+    with _gateway(catalogue, ToolRegistry(desk.tools()), trace, _seed_acme) as gateway:
+        _sales_agent(trace, gateway, desk)
+        _quote_email(trace, gateway, desk)
+        _revoked_while_queued(trace, gateway, desk)
+        _payment(trace, gateway, desk)
+        _ledger(trace, gateway)
 
-    with _dispatcher(catalogue, registry, trace) as dispatcher:
-        trace.say("  -- a sales agent")
-        sales = AgentSession(dispatcher, facts("sales-bot", "sales"))
-        trace.expect(
-            sales.visible_tools == ["contact.read", "quote.propose"],
-            "sales sees contact.read and quote.propose only",
-        )
-        trace.expect(
-            sales.composition.reasons_for("payment.execute") == ["role_not_granted"],
-            "payment.execute is hidden from sales by role alone",
-        )
-        sales.call_tool("contact.read", contact_id="c-42")
-        payment = {
-            "invoice_id": "inv-9",
-            "amount_cents": 120_000,
-            "currency": "EUR",
-            "beneficiary": "DE44500105175407324931",
-        }
-        denial = _denied(lambda: sales.call_tool("payment.execute", **payment))
-        trace.expect(
-            denial is not None and "role_not_granted" in denial.reason_codes,
-            "sales' payment.execute is denied, role_not_granted among the reasons",
-        )
-        trace.expect(
-            "payment.execute" not in desk.entered, "the payment function was never entered"
-        )
-        denial = _denied(lambda: sales.call_tool("contact.read", contact_id="c-99"))
-        trace.expect(
-            denial is not None and denial.reason_codes == ["subject_out_of_scope"],
-            "a contact the task does not link is out of scope",
-        )
 
-        trace.say("  -- a finance agent paying the linked invoice")
-        finance_facts = facts(
-            "finance-bot",
-            "finance",
-            task={
-                "type": "invoice_payment",
-                "linked_resources": [{"type": "invoice", "id": "inv-9"}],
-            },
-        )
-        soon = datetime.now(UTC) + timedelta(minutes=10)
+def _sales_agent(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
+    trace.say("  -- a sales agent: compose by intersection, every call checked")
+    sales = AgentSession(gateway, _request("sales-bot", "sales", "acme", _QUOTE_TASK, "production"))
+    trace.expect(
+        "payment.execute" not in sales.visible_tools and "contact.read" in sales.visible_tools,
+        "sales sees the CRM and quote tools, not payment.execute",
+    )
+    trace.expect(
+        sales.composition.reasons_for("payment.execute") == ["role_not_granted"],
+        "payment.execute is hidden from sales by role alone",
+    )
+    sales.call_tool("contact.read", contact_id="c-42")
+    denial = _denied(lambda: sales.call_tool("payment.execute", **_PAYMENT))
+    trace.expect(
+        denial is not None and "role_not_granted" in denial.reason_codes,
+        "sales' payment.execute is denied, role_not_granted among the reasons",
+    )
+    trace.expect("payment.execute" not in desk.entered, "the payment function was never entered")
+    denial = _denied(lambda: sales.call_tool("contact.read", contact_id="c-99"))
+    trace.expect(
+        denial is not None and denial.reason_codes == ["subject_out_of_scope"],
+        "a contact the task does not link is out of scope",
+    )
 
-        def approval(of: dict[str, Any], expires_at: datetime = soon) -> Approval:
-            return Approval(
-                kind="exact_content_and_recipient",
-                tool="payment.execute",
-                operation_id="pay-inv-9",
-                tenant="acme",
-                digest=params_digest(of),
-                expires_at=expires_at,
-                approved_by="founder",
-            )
 
-        def pay(with_facts: ComposeInput, given: Approval | None) -> dict[str, Any]:
-            session = AgentSession(
-                dispatcher,
-                with_facts,
-                evidence=["invoice_approved"],
-                approvals={"payment.execute": given} if given else None,
-            )
-            return session.call_tool("payment.execute", **payment)
+def _quote_email(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
+    trace.say("  -- propose a quote and its email; a manager reviews; the service dispatches")
+    sales = AgentSession(gateway, _request("sales-bot", "sales", "acme", _QUOTE_TASK, "production"))
+    denial = _denied(lambda: sales.call_tool("quote.prepare_send", **_EMAIL))
+    trace.expect(
+        denial is not None and "evidence_missing" in denial.reason_codes,
+        "the email cannot even be proposed before its evidence exists: evidence_missing",
+    )
+    quote = sales.call_tool(
+        "quote.propose", opportunity_id="opp-17", amount_cents=120_000, currency="EUR"
+    )
+    trace.expect(quote["status"] == "pending_review", "quote.propose is a proposal, nothing sent")
+    gateway.review(quote["proposal_id"], _MANAGER, "approved")
+    recorded = gateway.dispatch(quote["proposal_id"])
+    trace.expect(
+        recorded.status is OutcomeStatus.SUCCESS and recorded.provider_receipt is not None,
+        f"the reviewed quote is recorded in the CRM (receipt {recorded.provider_receipt})",
+    )
+    sales.call_tool("contact.verify_email", contact_id="c-42")
+    sales.call_tool("consent.check", contact_id="c-42")
+    email = sales.call_tool("quote.prepare_send", **_EMAIL)
+    proposal = email["proposal_id"]
+    trace.say(f"    proposal {proposal}: to {_EMAIL['recipient']!r}, subject {_EMAIL['subject']!r}")
+    denial = _denied(lambda: gateway.review(proposal, sales.request.principal, "approved"))
+    trace.expect(
+        denial is not None and "self_review" in denial.reason_codes,
+        "the agent cannot approve its own proposal: self_review",
+    )
+    gateway.review(proposal, _MANAGER, "approved")
+    sent = gateway.dispatch(proposal)
+    again = gateway.dispatch(proposal)
+    trace.expect(
+        sent.ok and again == sent and len(desk.mailbox) == 1,
+        f"dispatched exactly once (message {sent.provider_receipt}); dispatching again "
+        "returns the same outcome",
+    )
 
-        elsewhere = {**payment, "beneficiary": "FR7630006000011234567890189"}
-        yesterday = datetime.now(UTC) - timedelta(days=1)
-        for given, code, claim in (
-            (None, "approval_required", "no approval yet"),
-            (approval(elsewhere), "approval_mismatch", "an approval for another beneficiary"),
-            (approval(payment, yesterday), "approval_expired", "yesterday's approval"),
-        ):
-            denial = _denied(partial(pay, finance_facts, given))
-            trace.expect(denial is not None and denial.reason_codes == [code], f"{claim}: {code}")
-        receipt = pay(finance_facts, approval(payment))
-        trace.expect(
-            receipt.get("status") == "submitted" and "payment.execute" in desk.entered,
-            "approved exact content and recipient: the payment runs",
-        )
 
-        trace.say("  -- the same approval, used again")
-        again = pay(finance_facts, approval(payment))
-        trace.expect(
-            again == receipt and len(desk.payments) == 1,
-            "a second call continues the approved operation: same key, paid once",
-        )
-        denial = _denied(
-            lambda: dispatcher.call(
-                finance_facts,
-                "payment.execute",
-                payment,
-                operation_id="pay-inv-9-again",
-                approval=approval(payment),
-                evidence=["invoice_approved"],
-            )
-        )
-        trace.expect(
-            denial is not None and denial.reason_codes == ["approval_mismatch"],
-            "replayed as a new operation: approval_mismatch",
-        )
-        other_tenant = ComposeInput.model_validate(
-            {
-                **finance_facts.model_dump(),
-                "principal": {"agent": "finance-bot", "role": "finance", "tenant": "globex"},
-            }
-        )
-        denial = _denied(lambda: pay(other_tenant, approval(payment)))
-        trace.expect(
-            denial is not None and denial.reason_codes == ["approval_mismatch"],
-            "borrowed by another tenant: approval_mismatch",
-        )
+def _revoked_while_queued(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
+    trace.say("  -- the mailbox is revoked while an approved email waits")
+    sales = AgentSession(gateway, _request("sales-bot", "sales", "acme", _QUOTE_TASK, "production"))
+    follow_up = {**_EMAIL, "subject": "Following up on your quote"}
+    proposal = sales.call_tool("quote.prepare_send", **follow_up)["proposal_id"]
+    gateway.review(proposal, _MANAGER, "approved")
+    gateway.revoke_connection("acme", "sales_mailbox", by="ops")
+    denial = _denied(lambda: gateway.dispatch(proposal))
+    queued = _proposal(gateway, proposal)
+    trace.expect(
+        denial is not None
+        and "connection_revoked" in denial.reason_codes
+        and queued.status is ProposalStatus.BLOCKED
+        and len(desk.mailbox) == 1,
+        "dispatch is denied (connection_revoked), nothing is sent, the proposal is blocked",
+    )
+    trace.expect(
+        "quote.prepare_send" not in sales.refresh().visible,
+        "the next compose no longer shows the email tool",
+    )
+    gateway.restore_connection("acme", "sales_mailbox", by="ops")
 
-        trace.say("  -- the bank connection is revoked while a payment is queued")
-        revoked = ComposeInput.model_validate(
-            {**finance_facts.model_dump(), "connections": {"bank": "revoked"}}
+
+def _payment(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
+    trace.say("  -- finance pays an approved invoice; the bank's answer is lost once")
+    finance = AgentSession(
+        gateway, _request("finance-bot", "finance", "acme", _PAY_TASK, "production")
+    )
+    finance.call_tool("invoice.check_approval", invoice_id="inv-9")
+    proposal = finance.call_tool("payment.execute", **_PAYMENT)["proposal_id"]
+    denial = _denied(lambda: gateway.review(proposal, _MANAGER, "approved"))
+    trace.expect(
+        denial is not None and "reviewer_not_permitted" in denial.reason_codes,
+        "a sales manager may not approve a payment: reviewer_not_permitted",
+    )
+    gateway.review(proposal, _CONTROLLER, "approved")
+    desk.lose_answer_once.add("payment.execute")
+    first = gateway.dispatch(proposal)
+    trace.expect(
+        first.status is OutcomeStatus.UNKNOWN and first.recovery == "lookup_before_retry",
+        "the bank took the payment but its answer was lost: unknown, lookup_before_retry",
+    )
+    second = gateway.dispatch(proposal)
+    trace.expect(
+        second.ok and len(desk.payments) == 1 and desk.entered.count("payment.execute") == 1,
+        f"the retry looked the payment up (receipt {second.provider_receipt}): paid once",
+    )
+
+
+def _ledger(trace: _Trace, gateway: Gateway) -> None:
+    trace.say("  -- the ledger")
+    rows = gateway.store.ledger(tenant="acme")
+    email_rows = [r for r in rows if r.tool == "quote.prepare_send" and r.kind != "compose"]
+    for row in email_rows[:8]:
+        trace.say(
+            f"    #{row.seq:<3} {row.kind:<9} {row.outcome or '':<10} op={row.operation_id} "
+            f"decision={row.decision_id or '-'}"
         )
-        denial = _denied(lambda: pay(revoked, approval(payment)))
-        trace.expect(
-            denial is not None and denial.reason_codes == ["connection_revoked"],
-            "a revoked connection stops the queued payment: connection_revoked",
-        )
+    report = gateway.store.verify_ledger()
+    trace.expect(report.ok, f"the ledger's hash chain verifies ({report.rows} rows)")
+    text = "\n".join(row.model_dump_json() for row in rows)
+    trace.expect(
+        not any(secret in text for secret in _SECRETS.values()),
+        "no connection secret appears in any ledger row",
+    )
+
+
+def _proposal(gateway: Gateway, proposal_id: str) -> ProposalRecord:
+    with gateway.store.transaction(read_only=True) as tx:
+        proposal = tx.get_proposal(proposal_id)
+    assert proposal is not None
+    return proposal
 
 
 def run_demo(out: TextIO = sys.stdout) -> int:
-    """Run both scenes; return 0 when every expectation held, 1 otherwise."""
+    """Run every scene; return 0 when every expectation held, 1 otherwise."""
     trace = _Trace(out)
     _oracle_grove(trace)
     _sales(trace)

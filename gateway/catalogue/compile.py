@@ -41,7 +41,10 @@ def _compile_tool(tool: ToolContract) -> dict[str, Any]:
         "recovery": tool.recovery,
         "idempotency": tool.idempotency.value,
         "cost_class": tool.cost_class.value,
+        "cost": tool.cost_units,
         "environments": dict.fromkeys(tool.environments, True),
+        "produces": list(tool.produces),
+        "reviewers": dict.fromkeys(tool.reviewers, True),
     }
 
 
@@ -62,7 +65,10 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
             name: {"admits": {cost.value: True for cost in spec.admitted}}
             for name, spec in sorted(catalogue.budget_classes.items())
         },
-        "roles": {name: {} for name in sorted(catalogue.roles)},
+        "roles": {
+            name: {"approves": {kind.value: True for kind in spec.approves}}
+            for name, spec in sorted(catalogue.roles.items())
+        },
     }
     document["meta"] = {
         "digest": catalogue_digest(document),

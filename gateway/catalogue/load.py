@@ -23,6 +23,7 @@ from gateway.errors import CatalogueError, cut, quote
 from gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
+    CatalogueProblems,
     RoleSpec,
     TaskTypeSpec,
     ToolContract,
@@ -344,5 +345,12 @@ def load_catalogue(directory: Path) -> Catalogue:
         return Catalogue(
             tools=tools, roles=roles, task_types=task_types, budget_classes=budget_classes
         )
-    except ValidationError as exc:  # pragma: no cover - the checks above are stricter
-        raise CatalogueError([f"{directory}: {e['msg']}" for e in exc.errors()]) from None
+    except ValidationError as exc:
+        # The cross-file checks (reviewers, evidence, execution actions) live on the
+        # Catalogue model, so that catalogues built in code get them too.
+        problems = []
+        for error in exc.errors():
+            cause = error.get("ctx", {}).get("error")
+            found = cause.problems if isinstance(cause, CatalogueProblems) else [error["msg"]]
+            problems += [f"tools.yaml: {problem}" for problem in found]
+        raise CatalogueError(problems) from None

@@ -1,6 +1,17 @@
 """The enforcement point: ask OPA, obey the answer, run the tool, normalise the result.
 
-The dispatcher decides nothing itself. For each call it
+The dispatcher decides nothing itself, and holds no state: the facts it sends come
+from its caller (the :class:`~gateway.service.gateway.Gateway` gathers them from its
+store). A call is two steps, so that a decided call can wait (a reviewed proposal,
+queued work) without anything being decided twice:
+
+- :meth:`Dispatcher.authorise` checks, asks and verifies, and returns an
+  :class:`Authorised` call: a frozen grant of exactly what was decided (contract,
+  action, parameters, operation id, key, adapter), or raises before anything runs;
+- :meth:`Dispatcher.run` runs an authorised call and never raises: whatever happens
+  is an :class:`~gateway.model.outcomes.Outcome`.
+
+For each call it
 
 1. checks the call's arguments and copies the parameters once as plain JSON within
    :mod:`gateway.digest`'s limits (iteratively: no nesting reaches a recursive
@@ -25,6 +36,7 @@ that is an ``unknown`` outcome (the tool has run), never an exception.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -36,9 +48,10 @@ from pydantic import ValidationError
 
 from gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
 from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter, CallContext
+from gateway.dispatch.transport import Adapter, CallContext, Secret
 from gateway.dispatch.verify import Grant, verify_compose, verify_execute
 from gateway.errors import (
+    CapabilityViolation,
     CapgateError,
     InvalidInput,
     ObligationUnsupported,
@@ -49,11 +62,32 @@ from gateway.errors import (
 )
 from gateway.model.contracts import Catalogue, Idempotency, ToolContract
 from gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
-from gateway.model.facts import Approval, ComposeInput, ExecuteInput
-from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.model.facts import (
+    Approval,
+    Budget,
+    ComposeInput,
+    ExecuteInput,
+    OperationState,
+    ProposalRef,
+    Stage,
+)
+from gateway.model.outcomes import (
+    Outcome,
+    OutcomeStatus,
+    ToolRefused,
+    ToolRetryable,
+    ToolUnknown,
+)
 from gateway.model.schema import schema_validator
 
-__all__ = ["DecisionEvent", "Dispatcher", "PolicyDecider"]
+__all__ = [
+    "Authorised",
+    "DecisionEvent",
+    "Dispatcher",
+    "PolicyDecider",
+    "Prepared",
+    "policy_revision",
+]
 
 log = logging.getLogger("capgate.dispatch")
 
@@ -70,6 +104,11 @@ class DecisionEvent:
     reason_codes: tuple[str, ...] = ()
     decision_id: str | None = None
     status: str | None = None  # the outcome status, for executed calls
+    stage: str | None = None  # call, propose or dispatch, for execute decisions
+    #: How the outcome was reached when not by running the tool (e.g. "lookup").
+    via: str | None = None
+    #: The policy bundle revision(s) the decision was made under, "name=rev,...".
+    revision: str | None = None
 
 
 Observer = Callable[[DecisionEvent], None]
@@ -90,6 +129,57 @@ def _codes(reasons: Iterable[Reason]) -> tuple[str, ...]:
 _D = TypeVar("_D")
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A call's parameters, checked and frozen before anything is asked.
+
+    ``canonical`` is the one private copy of the parameters as canonical JSON:
+    what is validated, hashed into ``digest`` and, later, run. ``contract`` is None
+    for a tool the catalogue lacks (OPA then denies it as ``unknown_tool``).
+    """
+
+    tool: str
+    contract: ToolContract | None
+    canonical: bytes
+    digest: str
+    subject: dict[str, str] | None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """A fresh copy of the parameters (the frozen bytes never change)."""
+        copied: dict[str, Any] = json.loads(self.canonical)
+        return copied
+
+
+@dataclass(frozen=True, slots=True)
+class Authorised:
+    """A frozen grant of exactly what OPA decided, ready to run now or later.
+
+    ``action`` is what runs: the tool itself, or for a dispatched proposal the
+    contract's execution action. The adapter was found when the grant was made, so
+    running touches no registry and cannot fail to find it.
+    """
+
+    grant: Grant
+    request: ExecuteInput
+    prepared: Prepared
+    action: str
+    adapter: Adapter | None  # None only for a proposal: nothing runs at that stage
+    revision: str | None
+
+    @property
+    def contract(self) -> ToolContract:
+        return self.grant.contract
+
+    @property
+    def operation_id(self) -> str:
+        return self.grant.operation_id
+
+    @property
+    def decision_id(self) -> str | None:
+        return self.grant.decision_id
+
+
 class Dispatcher:
     """Enforces OPA's decisions for one catalogue, one policy client and one registry."""
 
@@ -101,7 +191,7 @@ class Dispatcher:
         *,
         observer: Observer | None = None,
     ) -> None:
-        registry.bind(catalogue.tools)  # a registered name the catalogue lacks is a typo
+        registry.bind(catalogue.runnable_names())  # a name the catalogue lacks is a typo
         self.catalogue = catalogue
         self.policy = policy
         self.registry = registry
@@ -140,144 +230,244 @@ class Dispatcher:
         params: Mapping[str, Any],
         *,
         operation_id: str | None = None,
+        stage: Stage = Stage.CALL,
         approval: Approval | None = None,
         evidence: Iterable[str] = (),
+        budget: Budget | None = None,
+        operation: OperationState | None = None,
+        proposal: ProposalRef | None = None,
     ) -> Outcome:
-        """Authorise and run one call.
+        """Authorise and run one call with facts the caller vouches for.
 
-        Raises InvalidInput, PolicyUnavailable, CapabilityViolation (or its
-        ObligationUnsupported) and ToolNotRegistered, all before the tool is entered.
-        Once the tool has been entered the result is always an Outcome.
+        The stateless path: every fact comes from the caller, so it is for trusted
+        code that gathered them itself (the Gateway, tests). Raises InvalidInput,
+        PolicyUnavailable, CapabilityViolation (or its ObligationUnsupported) and
+        ToolNotRegistered, all before the tool is entered; once it has been entered
+        the result is always an Outcome.
         """
-        grant, request, params_copy = self._authorise(
-            facts, tool, params, operation_id, approval, evidence
+        prepared = self.prepare(tool, params)
+        request = self.execute_input(
+            facts,
+            prepared,
+            operation_id=operation_id,
+            stage=stage,
+            approval=approval,
+            evidence=evidence,
+            budget=budget,
+            operation=operation,
+            proposal=proposal,
         )
-        adapter = self.registry.adapter_for(grant.contract.name)
-        if adapter is None:
-            self._emit_call(request, grant.decision_id, allow=True, reasons=(), status=None)
-            raise ToolNotRegistered(grant.contract.name)
-        return self._run(adapter, grant, request, params_copy)
+        authorised = self.authorise(prepared, request)
+        return self.run(authorised)
 
-    def _authorise(
-        self,
-        facts: ComposeInput,
-        tool: str,
-        params: Mapping[str, Any],
-        operation_id: str | None,
-        approval: Approval | None,
-        evidence: Iterable[str],
-    ) -> tuple[Grant, ExecuteInput, dict[str, Any]]:
-        """Check, ask and verify; return the frozen grant, or raise before any tool runs."""
-        facts = _compose_facts(facts)
+    def prepare(self, tool: str, params: Mapping[str, Any]) -> Prepared:
+        """Check the tool name and copy, validate and hash the parameters (no OPA yet)."""
         if not isinstance(tool, str):
             raise InvalidInput(f"the tool name must be a string, not a {type(tool).__name__}")
         tool = str.__str__(tool)  # a plain str: a subclass could hash or compare its own way
-        if operation_id is not None and not isinstance(operation_id, str):
-            raise InvalidInput(
-                f"operation_id must be a string or None, not a {type(operation_id).__name__}"
-            )
-        approval = _approval(approval)
-        names = _evidence(evidence)
         # One private, plain-JSON copy: what is validated and hashed is exactly what the
         # tool receives, whatever the caller does to its own objects meanwhile.
         authorised, canonical = plain_params(params)
         contract = self.catalogue.tools.get(tool)
+        subject = None
         if contract is not None:
             _validate_params(contract, self._schemas_for(contract).input, authorised)
-        request = self._execute_input(
-            facts,
-            tool,
-            contract,
-            authorised,
-            digest_of(canonical),
-            operation_id,
-            approval,
-            names,
-        )
+            subject = _subject(contract, authorised)
+        return Prepared(tool, contract, canonical, digest_of(canonical), subject)
 
-        decision = _ask(self.policy.execute, request, "execute")
-        if isinstance(decision, ExecuteDecision) and not decision.allow:
-            self._emit_call(request, decision.decision_id, False, decision.reasons, None)
-            log.info(
-                "deny tool=%s operation=%s reasons=%s decision=%s",
-                quote(tool),
-                request.call.operation_id,
-                ",".join(_codes(decision.reasons)),
-                decision.decision_id,
-            )
-        try:
-            grant = verify_execute(self.catalogue, request, decision)
-        except ObligationUnsupported as exc:  # an allow refused, not a deny
-            log.warning(
-                "refused allow with unsupported obligations tool=%s decision=%s: %s",
-                quote(tool),
-                exc.decision_id,
-                exc,
-            )
-            raise
-        except PolicyUnavailable as exc:
-            log.warning("refused inconsistent allow tool=%s: %s", quote(tool), exc)
-            raise
-        return grant, request, authorised
-
-    def _run(
-        self, adapter: Adapter, grant: Grant, request: ExecuteInput, params: dict[str, Any]
-    ) -> Outcome:
-        contract = grant.contract
-        context = CallContext(
-            operation_id=grant.operation_id,
-            idempotency_key=grant.idempotency_key,
-            connection_alias=contract.connection_alias,
-        )
-        outcome = _run(
-            adapter, contract, self._schemas_for(contract).output, params, context, grant
-        )
-        self._emit_call(request, grant.decision_id, True, (), outcome.status.value)
-        log.info(
-            "call tool=%s version=%d operation=%s alias=%s status=%s decision=%s",
-            contract.name,
-            contract.version,
-            outcome.operation_id,
-            contract.connection_alias,
-            outcome.status.value,
-            grant.decision_id,
-        )
-        return outcome
-
-    def _execute_input(
+    def execute_input(
         self,
         facts: ComposeInput,
-        tool: str,
-        contract: ToolContract | None,
-        params: dict[str, Any],
-        digest: str,
-        operation_id: str | None,
-        approval: Approval | None,
-        evidence: list[str],
+        prepared: Prepared,
+        *,
+        operation_id: str | None = None,
+        stage: Stage = Stage.CALL,
+        approval: Approval | None = None,
+        evidence: Iterable[str] = (),
+        budget: Budget | None = None,
+        operation: OperationState | None = None,
+        proposal: ProposalRef | None = None,
     ) -> ExecuteInput:
+        """The execute input for a prepared call and the facts gathered for it."""
+        facts = _compose_facts(facts)
+        if operation_id is not None and not isinstance(operation_id, str):
+            raise InvalidInput(
+                f"operation_id must be a string or None, not a {type(operation_id).__name__}"
+            )
+        if not isinstance(stage, Stage):
+            raise InvalidInput(f"stage must be a Stage, not a {type(stage).__name__}")
+        for name, value, model in (
+            ("budget", budget, Budget),
+            ("operation", operation, OperationState),
+            ("proposal", proposal, ProposalRef),
+        ):
+            if value is not None and not isinstance(value, model):
+                raise InvalidInput(f"{name} must be a {model.__name__} or None")
+        approval = _approval(approval)
+        names = _evidence(evidence)
+        contract = prepared.contract
         call: dict[str, Any] = {
-            "tool": tool,
+            "tool": prepared.tool,
             # An unknown tool has no version of ours; OPA denies it as unknown_tool.
             "version": contract.version if contract else 1,
             # An approval is for one operation: calling under it continues that operation.
             "operation_id": operation_id
             or (approval.operation_id if approval is not None else None)
             or f"op-{uuid.uuid4()}",
-            "subject": _subject(contract, params) if contract else None,
-            # Of the same canonical bytes the copy was made from: hashed once, not twice.
-            "params_digest": digest,
+            "subject": prepared.subject,
+            "params_digest": prepared.digest,
         }
         try:
             return ExecuteInput.model_validate(
                 {
                     **facts.model_dump(),
                     "call": call,
+                    "stage": stage,
                     "approval": approval,
-                    "evidence": sorted(set(evidence)),
+                    "evidence": sorted(set(names)),
+                    "budget": budget,
+                    "operation": operation,
+                    "proposal": proposal,
                 }
             )
         except ValidationError as exc:
-            raise InvalidInput.from_validation(exc, f"call to {quote(tool)}") from None
+            raise InvalidInput.from_validation(exc, f"call to {quote(prepared.tool)}") from None
+
+    def authorise(self, prepared: Prepared, request: ExecuteInput) -> Authorised:
+        """Ask OPA about ``request`` and verify the answer; return the frozen grant.
+
+        Raises before anything runs: CapabilityViolation for a deny (or
+        ObligationUnsupported), PolicyUnavailable for no usable answer, and
+        ToolNotRegistered when no adapter holds what would run.
+        """
+        if not isinstance(prepared, Prepared) or not isinstance(request, ExecuteInput):
+            raise InvalidInput("authorise takes a Prepared call and its ExecuteInput")
+        if (request.call.tool, request.call.params_digest) != (prepared.tool, prepared.digest):
+            raise InvalidInput("the execute input is not for this prepared call")
+        tool = prepared.tool
+        decision = _ask(self.policy.execute, request, "execute")
+        revision = _revision(decision)
+        if isinstance(decision, ExecuteDecision) and not decision.allow:
+            self._emit_call(request, decision.decision_id, False, decision.reasons, None, revision)
+            log.info(
+                "deny tool=%s stage=%s operation=%s reasons=%s decision=%s",
+                quote(tool),
+                request.stage.value,
+                request.call.operation_id,
+                ",".join(_codes(decision.reasons)),
+                decision.decision_id,
+            )
+        try:
+            grant = verify_execute(self.catalogue, request, decision)
+        except CapabilityViolation as exc:
+            exc.revision = revision  # so a denial's record names the policy that denied
+            if isinstance(exc, ObligationUnsupported):  # an allow refused, not a deny
+                log.warning(
+                    "refused allow with unsupported obligations tool=%s decision=%s: %s",
+                    quote(tool),
+                    exc.decision_id,
+                    exc,
+                )
+            raise
+        except PolicyUnavailable as exc:
+            log.warning("refused inconsistent allow tool=%s: %s", quote(tool), exc)
+            raise
+        contract = grant.contract
+        action = contract.dispatch_action if request.stage is Stage.DISPATCH else contract.name
+        adapter = None
+        if request.stage is not Stage.PROPOSE:
+            adapter = self.registry.adapter_for(action)
+            if adapter is None:
+                self._emit_call(request, grant.decision_id, True, (), None, revision)
+                raise ToolNotRegistered(action)
+        return Authorised(grant, request, prepared, action, adapter, revision)
+
+    def run(
+        self,
+        authorised: Authorised,
+        *,
+        account: str | None = None,
+        credential: Secret | None = None,
+    ) -> Outcome:
+        """Run an authorised call; never raises, whatever the tool does.
+
+        ``account`` and ``credential`` are the connection's provider account and
+        secret, resolved by the gateway at this moment only and handed to the
+        adapter in its CallContext.
+        """
+        grant = authorised.grant
+        contract = grant.contract
+        if authorised.adapter is None:  # a proposal's grant: there is nothing to run
+            return _outcome(contract, grant, OutcomeStatus.REFUSED, error="nothing to run")
+        context = CallContext(
+            operation_id=grant.operation_id,
+            idempotency_key=grant.idempotency_key,
+            connection_alias=contract.connection_alias,
+            tenant=authorised.request.principal.tenant,
+            account=account,
+            credential=credential,
+        )
+        outcome = _run(
+            authorised.adapter,
+            authorised.action,
+            contract,
+            self._schemas_for(contract).output,
+            authorised.prepared.params,
+            context,
+            grant,
+        )
+        self._emit_call(
+            authorised.request,
+            grant.decision_id,
+            True,
+            (),
+            outcome.status.value,
+            authorised.revision,
+        )
+        log.info(
+            "call tool=%s action=%s version=%d operation=%s alias=%s account=%s status=%s "
+            "decision=%s",
+            contract.name,
+            authorised.action,
+            contract.version,
+            outcome.operation_id,
+            contract.connection_alias,
+            account,
+            outcome.status.value,
+            grant.decision_id,
+        )
+        return outcome
+
+    def found(self, authorised: Authorised, raw: object) -> Outcome:
+        """The outcome of a result an adapter's lookup found for an earlier attempt.
+
+        Checked exactly like the result of a run, so a lookup cannot pass anything a
+        run could not; traced like a run, with ``via="lookup"``.
+        """
+        outcome = self.interpret(authorised, raw)
+        self._emit(
+            DecisionEvent(
+                kind="execute",
+                agent=authorised.request.principal.agent,
+                allow=True,
+                tool=authorised.contract.name,
+                decision_id=authorised.decision_id,
+                status=outcome.status.value,
+                stage=authorised.request.stage.value,
+                revision=authorised.revision,
+                via="lookup",
+            )
+        )
+        return outcome
+
+    def interpret(self, authorised: Authorised, raw: object) -> Outcome:
+        """The outcome a tool result (e.g. one an adapter's lookup found) stands for.
+
+        Checked exactly like the result of a run, so a lookup cannot pass anything a
+        run could not.
+        """
+        contract = authorised.contract
+        return _interpret(contract, self._schemas_for(contract).output, raw, authorised.grant)
 
     def _schemas_for(self, contract: ToolContract) -> _Schemas:
         """Compiled validators, built once per tool rather than on every call."""
@@ -298,6 +488,7 @@ class Dispatcher:
         allow: bool,
         reasons: Iterable[Reason],
         status: str | None,
+        revision: str | None,
     ) -> None:
         self._emit(
             DecisionEvent(
@@ -308,6 +499,8 @@ class Dispatcher:
                 reason_codes=_codes(reasons),
                 decision_id=decision_id,
                 status=status,
+                stage=request.stage.value,
+                revision=revision,
             )
         )
 
@@ -320,14 +513,23 @@ class Dispatcher:
 
 
 def _compose_facts(facts: object) -> ComposeInput:
-    """The facts as a ComposeInput; a richer model (an ExecuteInput) is cut down to one."""
+    """The facts as a validated ComposeInput, whatever model object was passed.
+
+    Always validated again, from a plain dump: a ComposeInput made with pydantic's
+    ``model_construct`` or ``model_copy(update=...)`` skipped validation, and a
+    richer model (an ExecuteInput) is cut down to the compose fields. Dumping
+    without serialisation warnings: those would quote the fact values.
+    """
     if not isinstance(facts, ComposeInput):
         raise InvalidInput(f"facts must be a ComposeInput, not a {type(facts).__name__}")
-    if type(facts) is not ComposeInput:
-        facts = ComposeInput.model_validate(
-            facts.model_dump(include=set(ComposeInput.model_fields))
-        )
-    return facts
+    try:
+        dumped = facts.model_dump(include=set(ComposeInput.model_fields), warnings=False)
+    except Exception as exc:  # a field holding something that cannot be dumped at all
+        raise InvalidInput(f"facts could not be read ({type(exc).__name__})") from None
+    try:
+        return ComposeInput.model_validate(dumped)
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, "facts") from None
 
 
 def _approval(approval: object) -> Approval | None:
@@ -466,47 +668,99 @@ def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str
 MAX_ERROR_TEXT: Final = 2000
 
 
+def _outcome(contract: ToolContract, grant: Grant, status: OutcomeStatus, **fields: Any) -> Outcome:
+    return Outcome(
+        tool=contract.name,
+        version=contract.version,
+        operation_id=grant.operation_id,
+        status=status,
+        decision_id=grant.decision_id,
+        **fields,
+    )
+
+
 def _run(
     adapter: Adapter,
+    action: str,
     contract: ToolContract,
     output_validator: Validator,
     params: dict[str, Any],
     context: CallContext,
     grant: Grant,
 ) -> Outcome:
-    def outcome(status: OutcomeStatus, **fields: Any) -> Outcome:
-        return Outcome(
-            tool=contract.name,
-            version=contract.version,
-            operation_id=context.operation_id,
-            status=status,
-            decision_id=grant.decision_id,
-            **fields,
-        )
-
     # Repeating a failed call is only safe when the contract says so.
     safe_to_repeat = contract.idempotency != Idempotency.NOT_IDEMPOTENT
     try:
-        raw = adapter.run(contract.name, params, context)
+        raw = adapter.run(action, params, context)
     except ToolRefused as exc:
-        return outcome(OutcomeStatus.REFUSED, error=_text(exc))
+        return _outcome(contract, grant, OutcomeStatus.REFUSED, error=_text(exc))
     except ToolRetryable as exc:
         retry_after = exc.retry_after_seconds
         if not isinstance(retry_after, int | float) or isinstance(retry_after, bool):
             retry_after = None
-        return outcome(OutcomeStatus.RETRYABLE, error=_text(exc), retry_after_seconds=retry_after)
+        return _outcome(
+            contract,
+            grant,
+            OutcomeStatus.RETRYABLE,
+            error=_text(exc),
+            retry_after_seconds=retry_after,
+        )
+    except ToolUnknown as exc:  # the request may have left: say so, never guess
+        return _outcome(
+            contract, grant, OutcomeStatus.UNKNOWN, error=_text(exc), recovery=contract.recovery
+        )
     except Exception as exc:  # the tool's own failure: contain it, never crash the agent
         status = OutcomeStatus.RETRYABLE if safe_to_repeat else OutcomeStatus.UNKNOWN
         error = f"{type(exc).__name__}: {_text(exc)}"
-        return outcome(status, error=error, recovery=contract.recovery)
+        return _outcome(contract, grant, status, error=error, recovery=contract.recovery)
+    return _interpret(contract, output_validator, raw, grant)
 
-    # The tool has run: from here on, whatever goes wrong must still be an Outcome,
-    # with the recovery procedure, because the external effect may have happened.
+
+def _interpret(
+    contract: ToolContract, output_validator: Validator, raw: object, grant: Grant
+) -> Outcome:
+    """The outcome of a result the tool (or a lookup) returned.
+
+    The tool has run: whatever goes wrong here must still be an Outcome with the
+    recovery procedure, because the external effect may have happened. A contract
+    with a ``receipt_field`` is a success only with a non-empty receipt there.
+    """
     try:
         result = _checked_output(output_validator, raw)
     except _BadOutput as exc:
-        return outcome(OutcomeStatus.UNKNOWN, error=str(exc), recovery=contract.recovery)
-    return outcome(OutcomeStatus.SUCCESS, result=result)
+        return _outcome(
+            contract, grant, OutcomeStatus.UNKNOWN, error=str(exc), recovery=contract.recovery
+        )
+    receipt = None
+    if contract.receipt_field is not None:
+        receipt = result.get(contract.receipt_field)
+        if not isinstance(receipt, str) or not receipt:
+            return _outcome(
+                contract,
+                grant,
+                OutcomeStatus.UNKNOWN,
+                error=f"tool output has no provider receipt in {quote(contract.receipt_field)}",
+                recovery=contract.recovery,
+            )
+        receipt = cut(receipt, 256)
+    return _outcome(contract, grant, OutcomeStatus.SUCCESS, result=result, provider_receipt=receipt)
+
+
+def policy_revision(revisions: object) -> str | None:
+    """The policy revision a decision was made under, for traces and the ledger.
+
+    The non-empty bundle revisions OPA reported, sorted and joined by commas. Bundle
+    *names* are left out: for an embedded OPA they are temporary folder paths,
+    which differ on every start and say nothing about the policy.
+    """
+    if not isinstance(revisions, dict):
+        return None
+    shown = sorted({rev for rev in revisions.values() if isinstance(rev, str) and rev})
+    return ",".join(shown) or None
+
+
+def _revision(decision: object) -> str | None:
+    return policy_revision(getattr(decision, "bundle_revisions", None))
 
 
 def _text(exc: BaseException) -> str:

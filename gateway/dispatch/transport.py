@@ -12,19 +12,63 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Adapter", "CallContext", "ToolFunction"]
+__all__ = ["Adapter", "CallContext", "Secret", "SupportsLookup", "ToolFunction"]
 
 #: The signature of an in-process tool.
 ToolFunction = Callable[..., Mapping[str, Any]]
 
 
+class Secret:
+    """A credential that does not print itself.
+
+    ``str``, ``repr`` and formatting show ``Secret(***)``, so a context or an
+    exception that ends up in a log line or a trace cannot carry the value; only
+    :meth:`reveal` returns it, for the adapter that sends it to the provider.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise ValueError("a secret is a non-empty string")
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Secret is not pickled: resolve it where it is used")
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
-    """What an adapter may know about the call besides its parameters."""
+    """What an adapter may know about the call besides its parameters.
+
+    ``credential`` is the connection's secret, resolved from (tenant, alias) by the
+    gateway at dispatch only; ``account`` is the provider account it belongs to,
+    safe to log. Neither is ever a parameter an agent could set.
+    """
 
     operation_id: str
     idempotency_key: str | None = None
     connection_alias: str | None = None
+    tenant: str | None = None
+    account: str | None = None
+    credential: Secret | None = None
 
 
 @runtime_checkable
@@ -42,3 +86,24 @@ class Adapter(Protocol):
     def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
         """Run the tool; raise ``ToolRefused``/``ToolRetryable`` to signal those outcomes."""
         ...
+
+
+@runtime_checkable
+class SupportsLookup(Protocol):
+    """An adapter that can find what an earlier attempt of an operation did.
+
+    Before an operation whose outcome was ``unknown`` is tried again, the gateway
+    asks ``lookup`` with the same name, operation id and context: a receipt found
+    there means the action happened, and it is recorded instead of sending again
+    (the seed's LOOKUP_BEFORE_RETRY). Return the tool's result as ``run`` would
+    have, or None when the provider has no trace of the operation.
+    """
+
+    def has_lookup(self, name: str) -> bool:
+        """Whether ``lookup`` can really answer for ``name`` (an adapter may hold
+        tools with and without one)."""
+        ...
+
+    def lookup(
+        self, name: str, operation_id: str, context: CallContext
+    ) -> Mapping[str, Any] | None: ...

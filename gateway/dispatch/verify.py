@@ -31,7 +31,7 @@ from typing import Any, Final
 from gateway.errors import CapabilityViolation, ObligationUnsupported, PolicyUnavailable, quote
 from gateway.model.contracts import Catalogue, Idempotency, ToolContract
 from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
-from gateway.model.facts import ExecuteInput
+from gateway.model.facts import ExecuteInput, Stage
 
 __all__ = [
     "KNOWN_OBLIGATIONS",
@@ -59,13 +59,17 @@ class Grant:
     decision_id: str | None
 
 
-def required_obligations(contract: ToolContract, operation_id: str) -> list[dict[str, Any]]:
+def required_obligations(
+    contract: ToolContract, operation_id: str, stage: Stage = Stage.CALL
+) -> list[dict[str, Any]]:
     """The obligations an allow of this call must carry, derived from the contract.
 
     An ``idempotent_with_key`` tool must receive the operation id as its idempotency
-    key; nothing else needs an obligation today. Written as OPA writes them, so they
-    compare directly.
+    key when it runs (stages ``call`` and ``dispatch``); proposing runs nothing and
+    carries none. Written as OPA writes them, so they compare directly.
     """
+    if stage is Stage.PROPOSE:
+        return []
     if contract.idempotency is Idempotency.IDEMPOTENT_WITH_KEY:
         return [{"code": PASS_IDEMPOTENCY_KEY, "params": {"key": operation_id}}]
     return []
@@ -126,11 +130,11 @@ def verify_execute(catalogue: Catalogue, request: ExecuteInput, decision: Execut
             f"{request.call.version}, the catalogue's contract is version {contract.version}"
         )
     operation_id = request.call.operation_id
-    problems = _obligation_problems(contract, operation_id, decision.obligations)
+    problems = _obligation_problems(contract, operation_id, request.stage, decision.obligations)
     if problems:
         reasons = [Reason(code="obligation_unsupported", message=p) for p in problems]
         raise ObligationUnsupported(tool, reasons, decision_id=decision.decision_id)
-    key = operation_id if required_obligations(contract, operation_id) else None
+    key = operation_id if required_obligations(contract, operation_id, request.stage) else None
     return Grant(
         contract=contract,
         operation_id=operation_id,
@@ -140,10 +144,10 @@ def verify_execute(catalogue: Catalogue, request: ExecuteInput, decision: Execut
 
 
 def _obligation_problems(
-    contract: ToolContract, operation_id: str, obligations: list[Obligation]
+    contract: ToolContract, operation_id: str, stage: Stage, obligations: list[Obligation]
 ) -> list[str]:
     """What differs between the allow's obligations and the contract's, one line each."""
-    required = {o["code"]: o["params"] for o in required_obligations(contract, operation_id)}
+    required = {o["code"]: o["params"] for o in required_obligations(contract, operation_id, stage)}
     problems: list[str] = []
     counts = Counter(o.code for o in obligations)
     for code, count in sorted(counts.items()):

@@ -32,6 +32,7 @@ from gateway.model.facts import Identifier
 from gateway.model.schema import check_schema
 
 __all__ = [
+    "DEFAULT_COST_UNITS",
     "ApprovalKind",
     "BudgetClassSpec",
     "Catalogue",
@@ -118,6 +119,15 @@ class CostClass(StrEnum):
         return self.rank >= CostClass(other).rank
 
 
+#: Budget units a call of each cost class reserves unless its contract says ``cost``.
+DEFAULT_COST_UNITS: dict[CostClass, int] = {
+    CostClass.FREE: 0,
+    CostClass.LOW: 1,
+    CostClass.MEDIUM: 5,
+    CostClass.HIGH: 20,
+}
+
+
 def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """Reject a schema that capgate would not evaluate exactly as written.
 
@@ -140,6 +150,19 @@ Description = Annotated[str, StringConstraints(strip_whitespace=True, min_length
 
 def _default_schema() -> dict[str, Any]:
     return {"type": "object"}
+
+
+class CatalogueProblems(ValueError):
+    """The cross-checks of a catalogue that failed, one message each.
+
+    A ValueError, so pydantic reports it as the model's validation error; the
+    loader reads ``problems`` from it instead of splitting the joined text, since a
+    problem's own wording may contain any separator.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 class _Spec(BaseModel):
@@ -178,6 +201,21 @@ class ToolContract(_Spec):
     input_schema: JSONSchema = Field(default_factory=_default_schema)
     output_schema: JSONSchema = Field(default_factory=_default_schema)
     environments: list[Identifier] = Field(min_length=1)
+    #: Evidence the gateway records for the task when a call (or the dispatch of a
+    #: proposal) of this tool succeeds; other tools may ``require`` it.
+    produces: list[Identifier] = Field(default_factory=list)
+    #: Budget units one call reserves; ``None`` means the cost class's default
+    #: (:data:`DEFAULT_COST_UNITS`).
+    cost: int | None = Field(default=None, ge=0, le=1_000_000_000, strict=True)
+    #: The output field holding the provider's receipt (e.g. ``payment_id``). When
+    #: set, a result without a non-empty string there is not a success: a loose
+    #: output schema cannot pass a provider's failure off as one.
+    receipt_field: Identifier | None = None
+    #: Roles whose members may review this tool's proposals (each must also hold
+    #: the approval kind, see RoleSpec.approves). Required when the tool needs
+    #: review, so that, say, a sales manager who approves quotes cannot approve a
+    #: payment merely because both need the same kind of approval.
+    reviewers: list[Identifier] = Field(default_factory=list)
 
     @field_validator("execution_action")
     @classmethod
@@ -191,11 +229,60 @@ class ToolContract(_Spec):
             )
         return value
 
+    @model_validator(mode="after")
+    def _proposals_are_reviewed(self) -> ToolContract:
+        # A proposal exists to be reviewed: one that needs no approval would be a
+        # write by another name, dispatched without anyone looking at it.
+        if self.mode is Mode.PROPOSE_WRITE and self.approval is ApprovalKind.NONE:
+            raise ValueError(
+                "a propose_write tool must name the approval its proposals need "
+                "(approval: exact_content_and_recipient)"
+            )
+        if self.receipt_field is not None and self.mode is Mode.READ:
+            raise ValueError("a read tool has no provider receipt (receipt_field)")
+        if self.needs_review and not self.reviewers:
+            raise ValueError(
+                "a tool whose calls are reviewed must name the roles that may review "
+                "them (reviewers)"
+            )
+        if self.reviewers and not self.needs_review:
+            raise ValueError("reviewers: this tool's calls are never reviewed")
+        return self
+
+    @property
+    def needs_review(self) -> bool:
+        """Whether a call becomes a proposal that a person reviews before dispatch."""
+        return self.mode is Mode.PROPOSE_WRITE or self.approval is not ApprovalKind.NONE
+
+    @property
+    def dispatch_action(self) -> str:
+        """The runnable name a reviewed proposal dispatches: the execution action, or
+        the tool itself for a write tool that needs approval."""
+        return self.execution_action or self.name
+
+    @property
+    def cost_units(self) -> int:
+        """Budget units one call reserves."""
+        return DEFAULT_COST_UNITS[self.cost_class] if self.cost is None else self.cost
+
 
 class RoleSpec(_Spec):
-    """A role an agent can act in. Tools grant themselves to roles by name."""
+    """A role an agent (or a person reviewing proposals) can act in.
+
+    Tools grant themselves to roles by name. ``approves`` lists the approval kinds
+    someone in this role may give when reviewing a proposal; the review policy
+    reads it, and a role without it approves nothing.
+    """
 
     description: Description
+    approves: list[ApprovalKind] = Field(default_factory=list)
+
+    @field_validator("approves")
+    @classmethod
+    def _approves_something_real(cls, kinds: list[ApprovalKind]) -> list[ApprovalKind]:
+        if ApprovalKind.NONE in kinds:
+            raise ValueError("'none' is not an approval a reviewer can give")
+        return kinds
 
 
 class TaskTypeSpec(_Spec):
@@ -254,9 +341,47 @@ class Catalogue(_Spec):
             for tool in spec.tools
             if tool not in self.tools
         ]
+        problems += self._review_problems() + self._evidence_problems()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise CatalogueProblems(problems)
         return self
+
+    def _review_problems(self) -> list[str]:
+        problems = []
+        for tool in self.tools.values():
+            for position, role in enumerate(tool.reviewers):
+                where = f"tool {quote(tool.name)}: field 'reviewers[{position}]'"
+                spec = self.roles.get(role)
+                if spec is None:
+                    problems.append(f"{where}: unknown role {quote(role)}")
+                elif tool.approval not in spec.approves:
+                    problems.append(
+                        f"{where}: role {quote(role)} does not approve "
+                        f"{tool.approval.value!r} (add it to the role's approves)"
+                    )
+            if tool.needs_review and tool.execution_action in self.tools:
+                problems.append(
+                    f"tool {quote(tool.name)}: field 'execution_action': "
+                    f"{quote(tool.execution_action)} is an agent-facing tool; an "
+                    "execution action is run only for a reviewed proposal"
+                )
+        return problems
+
+    def _evidence_problems(self) -> list[str]:
+        # The gateway records evidence only when a tool that produces it succeeds, so
+        # a requirement nothing produces could never be met: almost always a typo.
+        produced = {name for tool in self.tools.values() for name in tool.produces}
+        return [
+            f"tool {quote(tool.name)}: field 'requires[{position}]': no tool produces "
+            f"evidence {quote(name)} (list it in some tool's produces)"
+            for tool in self.tools.values()
+            for position, name in enumerate(tool.requires)
+            if name not in produced
+        ]
+
+    def runnable_names(self) -> set[str]:
+        """Every name an adapter may run: the tools and their execution actions."""
+        return set(self.tools) | {t.dispatch_action for t in self.tools.values()}
 
     def tool(self, name: str) -> ToolContract:
         """The contract of tool ``name``; ``KeyError`` naming it if there is none."""

@@ -25,6 +25,7 @@ __all__ = [
     "ExecuteDecision",
     "Obligation",
     "Reason",
+    "ReviewDecision",
 ]
 
 #: Fields the client fills from OPA's answer envelope, never from the policy's result.
@@ -117,6 +118,17 @@ class ExecuteDecision(_Provenance):
     allow: bool
     reasons: list[Reason]
     obligations: list[Obligation]
+
+    @property
+    def reason_codes(self) -> list[str]:
+        return sorted(r.code for r in self.reasons)
+
+
+class ReviewDecision(_Provenance):
+    """Answer of ``capgate/review``: may this reviewer give this verdict on this proposal?"""
+
+    allow: bool
+    reasons: list[Reason]
 
     @property
     def reason_codes(self) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -30,13 +30,19 @@ from gateway.errors import quote
 
 __all__ = [
     "Approval",
+    "Budget",
     "Call",
     "ComposeInput",
     "ConnectionStatus",
     "ExecuteInput",
     "Identifier",
+    "OperationState",
     "Principal",
+    "ProposalRef",
     "ResourceRef",
+    "ReviewInput",
+    "ReviewProposal",
+    "Stage",
     "Task",
 ]
 
@@ -98,6 +104,9 @@ class Task(_Facts):
     """
 
     type: Identifier
+    #: Which task this is. The gateway keys evidence and task budgets by it, so the
+    #: gateway's entry points require it; the policies do not read it.
+    id: Identifier | None = None
     needs: list[Identifier] | None = None
     linked_resources: list[ResourceRef] = Field(default_factory=list)
 
@@ -150,15 +159,91 @@ class Approval(_Facts):
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
     expires_at: AwareDatetime
     approved_by: Identifier
+    #: Whether the approval was already consumed by a dispatch. From the store; an
+    #: approval is good for exactly one dispatch. Required, so that a gatherer that
+    #: forgets it fails validation rather than sending a fresh-looking approval.
+    used: bool
+
+
+class Stage(StrEnum):
+    """Which step of the life cycle a call is (see docs/lifecycle.md).
+
+    ``call`` runs a tool that needs no review; ``propose`` records a call that
+    does, without running anything; ``dispatch`` runs a reviewed proposal.
+    """
+
+    CALL = "call"
+    PROPOSE = "propose"
+    DISPATCH = "dispatch"
+
+
+class Budget(_Facts):
+    """The tenant's (or task's) budget as the store has it, and what this call costs.
+
+    ``remaining`` is None when there is no limit. The gateway reserves ``cost``
+    atomically after the allow; the policy's check is the explainable early no.
+    """
+
+    remaining: int | None
+    cost: int = Field(ge=0)
+
+
+class OperationState(_Facts):
+    """What the store knows of the call's operation id before this call.
+
+    ``none`` (never seen) or ``retryable`` (nothing happened): this call reserves
+    the cost, so the budget is checked. ``running``, ``unknown``, ``success`` or
+    ``refused``: the operation's cost is held or was charged already, and this call
+    waits for it, continues it (looking it up first) or returns its outcome; one
+    operation is charged once.
+    """
+
+    status: Literal["none", "running", "retryable", "unknown", "success", "refused"]
+
+
+class ProposalRef(_Facts):
+    """The proposal a dispatch carries out, with its status in the store."""
+
+    id: Identifier
+    status: Identifier
 
 
 class ExecuteInput(ComposeInput):
-    """Input of ``capgate/execute``: the compose facts plus the call and its proofs."""
+    """Input of ``capgate/execute``: the compose facts plus the call and its proofs.
+
+    Everything beyond the compose facts and the call (stage, approval, evidence,
+    budget, proposal) comes from the gateway's store, never from the caller.
+    """
 
     call: Call
+    stage: Stage = Stage.CALL
     approval: Approval | None = None
     evidence: list[Identifier] = Field(default_factory=list)
+    budget: Budget | None = None
+    operation: OperationState | None = None
+    proposal: ProposalRef | None = None
 
     def to_opa(self) -> dict[str, Any]:
         """JSON-ready input; datetimes become RFC 3339 strings that OPA parses."""
+        return self.model_dump(mode="json")
+
+
+class ReviewProposal(_Facts):
+    """What the review policy reads of a proposal."""
+
+    id: Identifier
+    tenant: Identifier
+    tool: Identifier
+    status: Identifier
+    proposer: Principal
+
+
+class ReviewInput(_Facts):
+    """Input of ``capgate/review``: may this reviewer give this verdict on this proposal?"""
+
+    reviewer: Principal
+    proposal: ReviewProposal
+    verdict: Identifier
+
+    def to_opa(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

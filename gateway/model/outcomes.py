@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Outcome", "OutcomeStatus", "ToolRefused", "ToolRetryable"]
+__all__ = ["Outcome", "OutcomeStatus", "ToolRefused", "ToolRetryable", "ToolUnknown"]
 
 
 class OutcomeStatus(StrEnum):
@@ -37,6 +37,8 @@ class Outcome(BaseModel):
     recovery: str | None = None
     retry_after_seconds: float | None = None
     decision_id: str | None = None
+    #: The provider's receipt (the contract's ``receipt_field``) of a success.
+    provider_receipt: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,3 +55,13 @@ class ToolRetryable(Exception):
     def __init__(self, message: str, *, retry_after_seconds: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
+
+
+class ToolUnknown(Exception):
+    """Raised by a tool when it cannot know whether the action happened.
+
+    For example a request that left for the provider and got no answer: the payment
+    may or may not exist. The outcome is ``unknown`` with the contract's recovery
+    procedure, and a retry of the operation looks the action up before sending
+    anything again.
+    """

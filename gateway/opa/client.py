@@ -62,8 +62,13 @@ from httpcore._backends.sync import SyncStream
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.model.decisions import ATTACHED_FIELDS, ComposeDecision, ExecuteDecision
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import (
+    ATTACHED_FIELDS,
+    ComposeDecision,
+    ExecuteDecision,
+    ReviewDecision,
+)
+from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 
 __all__ = [
     "CATALOGUE_DIGEST_PATH",
@@ -71,6 +76,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "EXECUTE_PATH",
+    "REVIEW_PATH",
     "PolicyClient",
 ]
 
@@ -78,6 +84,7 @@ log = logging.getLogger("capgate.opa.client")
 
 COMPOSE_PATH: Final = "capgate/compose/decision"
 EXECUTE_PATH: Final = "capgate/execute/decision"
+REVIEW_PATH: Final = "capgate/review/decision"
 CATALOGUE_DIGEST_PATH: Final = "capgate/catalogue/meta/digest"
 
 #: Seconds to wait for each of write, read and a pooled connection. A decision over
@@ -96,7 +103,7 @@ _UDS_BASE_URL: Final = "http://opa"
 _PATH_RE: Final = re.compile(r"^[A-Za-z0-9_]+(?:/[A-Za-z0-9_]+)*$")
 
 _D = TypeVar("_D", bound=BaseModel)
-_P = TypeVar("_P", ComposeDecision, ExecuteDecision)
+_P = TypeVar("_P", ComposeDecision, ExecuteDecision, ReviewDecision)
 
 
 @dataclass(frozen=True)
@@ -578,6 +585,11 @@ class PolicyClient:
         """May this exact call run? One query, one typed answer."""
         answer = self._query(EXECUTE_PATH, facts.to_opa())
         return self._check_catalogue(EXECUTE_PATH, _validate(EXECUTE_PATH, ExecuteDecision, answer))
+
+    def review(self, facts: ReviewInput) -> ReviewDecision:
+        """May this reviewer give this verdict on this proposal? One query."""
+        answer = self._query(REVIEW_PATH, facts.to_opa())
+        return self._check_catalogue(REVIEW_PATH, _validate(REVIEW_PATH, ReviewDecision, answer))
 
     def query(self, path: str, input: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """POST ``input`` to ``/v1/data/<path>``; return ``(result, decision_id)``.

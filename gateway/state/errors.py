@@ -101,7 +101,10 @@ class UnknownTenant(StoreError):
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
-        super().__init__(f"unknown tenant {quote(tenant)}: create it with put_tenant first")
+        super().__init__(
+            f"unknown tenant {quote(tenant)}: the gateway's store has no such tenant "
+            "(capgate tenants add)"
+        )
 
 
 class UnknownConnection(StoreError):

@@ -163,10 +163,23 @@ def _version_1(d: Dialect) -> list[str]:
     ]
 
 
+def _version_2(d: Dialect) -> list[str]:
+    """Whether a running attempt holds a budget reservation (a retry of an unknown
+    operation was charged before and holds none, so a crash during it must not be
+    charged again), and an index to find a tenant's proposal by operation id."""
+    del d
+    return [
+        "ALTER TABLE operations ADD COLUMN reserved INTEGER NOT NULL DEFAULT 1 "
+        "CHECK (reserved IN (0, 1))",
+        "CREATE INDEX proposals_by_operation ON proposals (tenant, operation_id)",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
               "reviews and the ledger", _version_1),
+    Migration(2, "operations.reserved; proposals by operation id", _version_2),
 )  # fmt: skip
 
 

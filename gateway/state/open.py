@@ -58,7 +58,17 @@ class StoreAddress:
 
 
 def _refuse(url: str, why: str) -> StoreURLError:
-    return StoreURLError(f"store address {quote(url)}: {why}; accepted: {ACCEPTED_FORMS}")
+    return StoreURLError(
+        f"store address {quote(_without_secrets(url))}: {why}; accepted: {ACCEPTED_FORMS}"
+    )
+
+
+def _without_secrets(url: str) -> str:
+    """The address with anything that may be a password cut out: the part before
+    an ``@`` after the scheme, and ``password=`` parameters. A refused address is
+    quoted in messages and logs, and it may be a mistyped one that still holds one."""
+    shown = re.sub(r"(?i)(password=)[^&;\s]*", r"\1***", url)
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/@?#]*@", r"\1***@", shown)
 
 
 def _in_memory(url: str) -> StoreURLError:

@@ -186,6 +186,10 @@ class OperationRecord(_Record):
     lease_until: AwareDatetime | None  # a RUNNING operation past its lease may be reconciled
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    #: Whether the current attempt holds a budget reservation of ``cost``. A retry
+    #: of an operation whose earlier attempt ended unknown was charged then and
+    #: reserves nothing; whoever settles or reconciles it must not charge it again.
+    reserved: bool = True
 
 
 class BeginStatus(StrEnum):

@@ -103,7 +103,7 @@ _CONNECTION_COLUMNS: Final = "tenant, alias, status, account, updated_at"
 _EVIDENCE_COLUMNS: Final = "tenant, task_id, name, source, recorded_at"
 _OPERATION_COLUMNS: Final = (
     "tenant, operation_id, tool, params_digest, task_id, status, outcome, cost, attempts, "
-    "lease_until, created_at, updated_at"
+    "lease_until, created_at, updated_at, reserved"
 )
 _PROPOSAL_COLUMNS: Final = (
     "id, tenant, task_id, proposer, environment, task, tool, contract_version, "
@@ -212,6 +212,7 @@ def _operation(row: Mapping[str, Any]) -> OperationRecord:
             "lease_until": _time(row["lease_until"]),
             "created_at": _time(row["created_at"]),
             "updated_at": _time(row["updated_at"]),
+            "reserved": bool(row["reserved"]),
         },
         "operation",
     )
@@ -365,6 +366,12 @@ class SqlTx:
             f"SELECT {_TENANT_COLUMNS} FROM tenants WHERE tenant = :tenant", {"tenant": tenant}
         )
         return None if row is None else _tenant(row)
+
+    def tenants(self) -> list[TenantRecord]:
+        return [
+            _tenant(row)
+            for row in self._rows(f"SELECT {_TENANT_COLUMNS} FROM tenants ORDER BY tenant")
+        ]
 
     def set_budget_limit(self, tenant: str, limit: int | None) -> TenantRecord:
         """Change the tenant's limit; ``UnknownTenant`` if there is no such tenant."""
@@ -604,6 +611,7 @@ class SqlTx:
         cost: int,
         task_id: str | None,
         lease_until: datetime,
+        reserved: bool = True,
     ) -> OperationRecord | None:
         """Insert a RUNNING operation (attempts 1); None if the id exists already.
 
@@ -625,6 +633,7 @@ class SqlTx:
                 "lease_until": lease_until,
                 "created_at": self.now,
                 "updated_at": self.now,
+                "reserved": reserved,
             },
             "operation",
         )
@@ -634,7 +643,7 @@ class SqlTx:
         inserted = self._run(
             f"INSERT INTO operations ({_OPERATION_COLUMNS}) VALUES (:tenant, :operation_id, "
             ":tool, :params_digest, :task_id, :status, NULL, :cost, 1, :lease_until, :now, "
-            ":now) ON CONFLICT (tenant, operation_id) DO NOTHING",
+            ":now, :reserved) ON CONFLICT (tenant, operation_id) DO NOTHING",
             {
                 "tenant": tenant,
                 "operation_id": operation_id,
@@ -645,6 +654,7 @@ class SqlTx:
                 "cost": record.cost,
                 "lease_until": to_text(record.lease_until),
                 "now": self._at,
+                "reserved": int(record.reserved),
             },
         )
         return record if inserted == 1 else None
@@ -670,8 +680,11 @@ class SqlTx:
         outcome: dict[str, Any] | None,
         attempts: int,
         lease_until: datetime | None,
+        reserved: bool | None = None,
     ) -> OperationRecord:
-        """Record the operation's new state; ``UnknownOperation`` if it does not exist."""
+        """Record the operation's new state; ``UnknownOperation`` if it does not exist.
+
+        ``reserved`` None keeps the reservation flag as it is."""
         current = self.get_operation(tenant, operation_id, for_update=True)
         if current is None:
             raise UnknownOperation(tenant, operation_id)
@@ -684,12 +697,13 @@ class SqlTx:
                 "attempts": attempts,
                 "lease_until": lease_until,
                 "updated_at": self.now,
+                "reserved": current.reserved if reserved is None else reserved,
             },
             "operation",
         )
         self._run(
             "UPDATE operations SET status = :status, outcome = :outcome, attempts = :attempts, "
-            "lease_until = :lease_until, updated_at = :now "
+            "lease_until = :lease_until, updated_at = :now, reserved = :reserved "
             "WHERE tenant = :tenant AND operation_id = :operation_id",
             {
                 "tenant": tenant,
@@ -699,6 +713,7 @@ class SqlTx:
                 "attempts": record.attempts,
                 "lease_until": None if record.lease_until is None else to_text(record.lease_until),
                 "now": self._at,
+                "reserved": int(record.reserved),
             },
         )
         return record
@@ -741,6 +756,14 @@ class SqlTx:
         row = self._row(
             f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE id = :id{self._locked(for_update)}",
             {"id": proposal_id},
+        )
+        return None if row is None else _proposal(row)
+
+    def proposal_for_operation(self, tenant: str, operation_id: str) -> ProposalRecord | None:
+        row = self._row(
+            f"SELECT {_PROPOSAL_COLUMNS} FROM proposals "
+            "WHERE tenant = :tenant AND operation_id = :operation_id",
+            {"tenant": tenant, "operation_id": operation_id},
         )
         return None if row is None else _proposal(row)
 

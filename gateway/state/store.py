@@ -55,7 +55,7 @@ __all__ = ["SCHEMA_VERSION", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Tx(Protocol):
@@ -72,6 +72,9 @@ class Tx(Protocol):
         """Create or update a tenant (its reservations and spending are kept)."""
 
     def get_tenant(self, tenant: str) -> TenantRecord | None: ...
+
+    def tenants(self) -> list[TenantRecord]:
+        """Every tenant, by name."""
 
     def set_budget_limit(self, tenant: str, limit: int | None) -> TenantRecord:
         """Change the tenant's limit; ``UnknownTenant`` if there is no such tenant."""
@@ -127,9 +130,11 @@ class Tx(Protocol):
         cost: int,
         task_id: str | None,
         lease_until: datetime,
+        reserved: bool = True,
     ) -> OperationRecord | None:
         """Insert a RUNNING operation (attempts 1, ``task_id`` kept for settling);
-        None if the id exists already. ``UnknownTenant`` if there is no such tenant."""
+        None if the id exists already. ``UnknownTenant`` if there is no such tenant.
+        ``reserved`` says whether this attempt holds a budget reservation."""
 
     def get_operation(
         self, tenant: str, operation_id: str, *, for_update: bool = False
@@ -145,8 +150,10 @@ class Tx(Protocol):
         outcome: dict[str, Any] | None,
         attempts: int,
         lease_until: datetime | None,
+        reserved: bool | None = None,
     ) -> OperationRecord:
-        """``UnknownOperation`` if the tenant has no such operation."""
+        """``UnknownOperation`` if the tenant has no such operation; ``reserved`` None
+        keeps the reservation flag as it is."""
 
     def stale_operations(self) -> list[OperationRecord]:
         """RUNNING operations whose lease ended before ``now``."""
@@ -159,6 +166,9 @@ class Tx(Protocol):
     def get_proposal(
         self, proposal_id: str, *, for_update: bool = False
     ) -> ProposalRecord | None: ...
+
+    def proposal_for_operation(self, tenant: str, operation_id: str) -> ProposalRecord | None:
+        """The tenant's proposal of that operation id, if any (there is at most one)."""
 
     def update_proposal(
         self, proposal_id: str, *, status: ProposalStatus, reason_codes: list[str]

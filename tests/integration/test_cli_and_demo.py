@@ -50,7 +50,12 @@ def test_cli_eval_execute_deny_exits_3_with_reasons(capsys):
     assert code == EXIT_DENIED
     assert decision["allow"] is False
     codes = {r["code"] for r in decision["reasons"]}
-    assert {"role_not_granted", "budget_class_exceeded", "approval_required"} <= codes
+    assert codes == {
+        "role_not_granted",
+        "budget_class_exceeded",
+        "approval_required",
+        "proposal_not_approved",
+    }
     assert decision["decision_id"]
 
 
@@ -66,7 +71,7 @@ def test_cli_eval_rejects_bad_input_naming_the_field(tmp_path, capsys):
 
 def test_cli_check_and_bundle(tmp_path, capsys):
     assert main(["check", SALES]) == EXIT_OK
-    assert "4 tool(s)" in capsys.readouterr().out
+    assert "7 tool(s)" in capsys.readouterr().out
     assert main(["bundle", SALES, str(tmp_path / "b")]) == EXIT_OK
     assert (tmp_path / "b" / ".manifest").is_file()
 
@@ -214,8 +219,12 @@ def test_cli_eval_execute_allow_from_real_opa_passes_the_dispatchers_checks(tmp_
             "tenant": "acme",
             "digest": digest,
             "expires_at": (datetime.now(UTC) + timedelta(minutes=10)).isoformat(),
-            "approved_by": "founder",
+            "approved_by": "carl",
+            "used": False,
         },
+        "stage": "dispatch",
+        "proposal": {"id": "prop-9", "status": "approved"},
+        "budget": {"remaining": None, "cost": 20},
         "evidence": ["invoice_approved"],
     }
     path = tmp_path / "allowed.json"

@@ -297,7 +297,7 @@ def test_catalogue_blocks_form_a_catalogue_opa_answers_for(
     docs_catalogue_dir: Path, docs_catalogue: Catalogue, docs_opa: PolicySidecar, capsys
 ):
     assert main(["check", str(docs_catalogue_dir)]) == EXIT_OK
-    assert "2 tool(s)" in capsys.readouterr().out
+    assert "3 tool(s)" in capsys.readouterr().out
     compiled = compile_catalogue(docs_catalogue)
     assert docs_opa.client.catalogue_digest() == compiled["meta"]["digest"]
 
@@ -445,6 +445,12 @@ CATALOGUE_MISTAKES: dict[str, Callable[[Files], None]] = {
     "copied tool": _edit_tools(lambda tools: tools.append(dict(tools[0]))),
     "no name": _edit_tools(lambda tools: tools[1].pop("name")),
     "no execution_action": _edit_tools(lambda tools: tools[1].pop("execution_action")),
+    "misspelt evidence": _edit_tools(
+        lambda tools: tools[1]["requires"].__setitem__(2, "communication_permision")
+    ),
+    "reviewer approves nothing": _replace(
+        "roles.yaml", "approves: [exact_content_and_recipient]\n", "approves: []\n"
+    ),
     "misspelt task tool": _replace("task_types.yaml", "quote.prepare_send]", "quote.prepare_snd]"),
     "misspelt cost class": _replace("budget_classes.yaml", "medium\n", "mediun\n"),
     "duplicate key": _append("roles.yaml", "  sales:\n    description: Sells.\n"),

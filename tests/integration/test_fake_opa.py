@@ -38,7 +38,8 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput
+from gateway.model.facts import Budget, ComposeInput
+from gateway.model.outcomes import Outcome
 from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
@@ -405,6 +406,14 @@ def rig(request: pytest.FixtureRequest, sales_catalogue: Catalogue) -> Iterator[
         yield Rig(fake, elsewhere, sales_catalogue, [])
 
 
+def read_contact(rig: Rig, dispatcher: Dispatcher) -> Outcome:
+    """The call capgate makes at stage call, with the budget facts the gateway sends."""
+    cost = rig.catalogue.tools["contact.read"].cost_units
+    return dispatcher.call(
+        FACTS, "contact.read", {"contact_id": "c-42"}, budget=Budget(remaining=None, cost=cost)
+    )
+
+
 def ask(rig: Rig, phase: str, reply: Reply) -> None:
     """Install ``reply`` for ``phase`` and ask at that moment, as capgate would."""
     path = PHASES[phase].path
@@ -418,7 +427,7 @@ def ask(rig: Rig, phase: str, reply: Reply) -> None:
         if phase == "compose":
             dispatcher.compose(FACTS)
         else:
-            dispatcher.call(FACTS, "contact.read", {"contact_id": "c-42"})
+            read_contact(rig, dispatcher)
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -442,7 +451,7 @@ def test_a_good_answer_is_obeyed(rig: Rig, phase: str) -> None:
     with rig.sidecar() as sidecar:
         dispatcher = rig.dispatcher(sidecar)
         composed = dispatcher.compose(FACTS)
-        outcome = dispatcher.call(FACTS, "contact.read", {"contact_id": "c-42"})
+        outcome = read_contact(rig, dispatcher)
     assert sorted(composed.visible) == sorted(rig.catalogue.tools)
     assert composed.bundle_revisions == {"capgate": REVISION}
     assert composed.opa_version == "1.22.4"

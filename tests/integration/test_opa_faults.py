@@ -36,7 +36,7 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation, PolicyUnavailable
 from gateway.model.contracts import Catalogue
-from gateway.model.facts import Approval, ComposeInput
+from gateway.model.facts import Approval, Budget, ComposeInput, ProposalRef, Stage
 from gateway.opa.binary import find_opa_binary
 from gateway.opa.bundle import bundle_revision, write_bundle
 from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
@@ -97,11 +97,22 @@ class Tools:
         return Dispatcher(catalogue, client, ToolRegistry(self.tools))
 
 
+def budget(dispatcher: Dispatcher, tool: str) -> Budget:
+    """No limit; the cost the gateway would reserve: the contract's."""
+    return Budget(remaining=None, cost=dispatcher.catalogue.tools[tool].cost_units)
+
+
 def read_contact(dispatcher: Dispatcher) -> None:
-    dispatcher.call(SALES_FACTS, "contact.read", {"contact_id": "c-42"})
+    dispatcher.call(
+        SALES_FACTS,
+        "contact.read",
+        {"contact_id": "c-42"},
+        budget=budget(dispatcher, "contact.read"),
+    )
 
 
 def pay(dispatcher: Dispatcher) -> None:
+    """Dispatch the approved payment proposal, with every fact it needs but the role."""
     approval = Approval.model_validate(
         {
             "kind": "exact_content_and_recipient",
@@ -111,10 +122,19 @@ def pay(dispatcher: Dispatcher) -> None:
             "digest": params_digest(PAYMENT),
             "expires_at": datetime.now(UTC) + timedelta(minutes=10),
             "approved_by": "founder",
+            "used": False,
         }
     )
     dispatcher.call(
-        SALES_FACTS, "payment.execute", PAYMENT, approval=approval, evidence=["invoice_approved"]
+        SALES_FACTS,
+        "payment.execute",
+        PAYMENT,
+        operation_id="pay-inv-9",
+        stage=Stage.DISPATCH,
+        approval=approval,
+        proposal=ProposalRef(id="prop-1", status="approved"),
+        budget=budget(dispatcher, "payment.execute"),
+        evidence=["invoice_approved"],
     )
 
 

@@ -115,27 +115,35 @@ SERVICE = textwrap.dedent("""\
     import json
     from adapters.in_process import InProcessTools
     from capgate.demo import demo_catalogue_dir
-    from gateway import ComposeInput, Dispatcher, PolicySidecar, ToolRegistry, load_catalogue
+    from gateway import (AgentRequest, ConnectionStatus, Gateway, PolicySidecar,
+                         StaticCredentials, ToolRegistry, load_catalogue, open_store)
 
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
     tools = InProcessTools()
     tools.register("contact.read", "Read one contact.",
                    lambda contact_id: {"contact_id": contact_id, "name": "Ada",
                                        "email": "ada@example.test"})
-    facts = ComposeInput.model_validate({
+    store = open_store("state.db")
+    with store.transaction() as tx:
+        tx.put_tenant("acme", budget_class="standard", budget_limit=10)
+        tx.put_connection("acme", "crm", status=ConnectionStatus.ACTIVE, account="acme@crm")
+    request = AgentRequest.model_validate({
         "principal": {"agent": "a", "role": "sales", "tenant": "acme"},
-        "task": {"type": "customer_quote", "linked_resources": [{"type": "contact", "id": "c-1"}]},
-        "connections": {"crm": "active"},
+        "task": {"type": "customer_quote", "id": "t-1",
+                 "linked_resources": [{"type": "contact", "id": "c-1"}]},
         "environment": "production",
-        "budget_class": "standard",
     })
     with PolicySidecar(catalogue) as sidecar:
-        dispatcher = Dispatcher(catalogue, sidecar.client, ToolRegistry(tools))
-        visible = sorted(dispatcher.compose(facts).visible)
-        outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c-1"})
+        gateway = Gateway(catalogue, sidecar.client, ToolRegistry(tools), store,
+                          credentials=StaticCredentials({("acme", "crm"): "token"}))
+        visible = sorted(gateway.compose(request).visible)
+        outcome = gateway.call(request, "contact.read", {"contact_id": "c-1"})
         print(json.dumps({"visible": visible, "status": outcome.status.value,
                           "result": outcome.result, "policies": str(sidecar.policies.path),
-                          "source": sidecar.policies.source}))
+                          "source": sidecar.policies.source,
+                          "ledger": [row.kind for row in store.ledger()],
+                          "chain_ok": store.verify_ledger().ok}))
+    store.close()
 """)
 
 
@@ -147,11 +155,18 @@ def test_a_service_composes_and_calls_from_the_installed_wheel(venv: Path):
         env=_env(CAPGATE_OPA_BIN=str(OPA)),
     )
     answer = json.loads(done.stdout)
-    assert answer["visible"] == ["contact.read", "quote.propose"]
+    # Every sales tool that acts through the CRM only; the payment is finance's.
+    assert answer["visible"] == ["consent.check", "contact.read", "contact.verify_email",
+                                 "quote.propose"]  # fmt: skip
     assert answer["status"] == "success"
     assert answer["result"]["contact_id"] == "c-1"
     assert answer["source"] == "package"
     assert Path(answer["policies"]).is_relative_to(venv / "venv")
+    # The gateway's store came with the wheel: the compose and the call are in its ledger.
+    assert answer["ledger"][0] == "compose"
+    assert "outcome" in answer["ledger"]
+    assert answer["chain_ok"] is True
+    assert (venv / "state.db").is_file()
 
 
 def test_doctor_in_the_installed_package_shows_what_is_in_use(venv: Path):

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import PolicyUnavailable
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
+from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from gateway.opa.binary import find_opa
 from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
 from gateway.opa.process import EmbeddedOPA
@@ -58,20 +58,36 @@ EXECUTE_FACTS = {
         "digest": PARAMS_DIGEST,
         "expires_at": "2030-01-01T00:00:00Z",
         "approved_by": "founder",
+        "used": False,
     },
+    "stage": "dispatch",
+    "proposal": {"id": "pr-1", "status": "approved"},
+    "budget": {"remaining": None, "cost": 1},
     "evidence": [],
+}
+REVIEW_FACTS = {
+    "reviewer": {"agent": "maria", "role": "sales_manager", "tenant": "acme"},
+    "proposal": {
+        "id": "pr-1",
+        "tenant": "acme",
+        "tool": "quote.prepare_send",
+        "status": "pending",
+        "proposer": {"agent": "sales-bot", "role": "sales", "tenant": "acme"},
+    },
+    "verdict": "approved",
 }
 
 
 def write_bundle(root: Path) -> Path:
-    """Fixed decisions: compose shows nothing, execute denies, and a catalogue digest.
+    """Fixed decisions: compose shows nothing, execute and review deny, and a digest.
 
-    The execute rule echoes the call's tool in its message, which proves the input
-    arrived as the facts models serialise it. Both decisions carry the digest from
+    The execute rule echoes the call's tool and stage in its message, and the review
+    rule the reviewer and verdict, which proves the input arrived as the facts
+    models serialise it. Both decisions carry the digest from
     data, as the real policies do, and the manifest a revision.
     """
     bundle = root / "bundle"
-    for package in ("compose", "execute", "catalogue/meta"):
+    for package in ("compose", "execute", "review", "catalogue/meta"):
         (bundle / "capgate" / package).mkdir(parents=True)
     (bundle / ".manifest").write_text(json.dumps({"revision": REVISION, "roots": ["capgate"]}))
     (bundle / "capgate" / "compose" / "compose.rego").write_text(
@@ -91,8 +107,25 @@ def write_bundle(root: Path) -> Path:
 
             decision := {
             \t"allow": false,
-            \t"reasons": [{"code": "test_deny", "message": sprintf("no %s", [input.call.tool])}],
+            \t"reasons": [{
+            \t\t"code": "test_deny",
+            \t\t"message": sprintf("no %s at %s", [input.call.tool, input.stage]),
+            \t}],
             \t"obligations": [],
+            \t"catalogue_digest": data.capgate.catalogue.meta.digest,
+            }
+            """)
+    )
+    (bundle / "capgate" / "review" / "review.rego").write_text(
+        textwrap.dedent("""\
+            package capgate.review
+
+            decision := {
+            \t"allow": false,
+            \t"reasons": [{
+            \t\t"code": "test_deny",
+            \t\t"message": sprintf("no %s for %s", [input.verdict, input.reviewer.agent]),
+            \t}],
             \t"catalogue_digest": data.capgate.catalogue.meta.digest,
             }
             """)
@@ -142,15 +175,25 @@ def test_execute_parses_with_a_decision_id(client: PolicyClient) -> None:
     assert isinstance(decision, ExecuteDecision)
     assert decision.allow is False
     assert decision.reason_codes == ["test_deny"]
-    assert decision.reasons[0].message == "no quote.prepare_send"
+    assert decision.reasons[0].message == "no quote.prepare_send at dispatch"
     assert decision.obligations == []
+    assert decision.decision_id
+
+
+def test_review_parses_with_a_decision_id(client: PolicyClient) -> None:
+    decision = client.review(ReviewInput.model_validate(REVIEW_FACTS))
+    assert isinstance(decision, ReviewDecision)
+    assert decision.allow is False
+    assert decision.reason_codes == ["test_deny"]
+    assert decision.reasons[0].message == "no approved for maria"
     assert decision.decision_id
 
 
 def test_decisions_carry_catalogue_digest_revision_and_opa_version(client: PolicyClient) -> None:
     composed = client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
     executed = client.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
-    for decision in (composed, executed):
+    reviewed = client.review(ReviewInput.model_validate(REVIEW_FACTS))
+    for decision in (composed, executed, reviewed):
         assert decision.catalogue_digest == DIGEST
         assert REVISION in decision.bundle_revisions.values()
         assert decision.opa_version == find_opa().version_text

@@ -232,10 +232,14 @@ def test_a_store_from_a_newer_capgate_is_refused_untouched(store_url: str):
     with pytest.raises(StoreVersionError) as caught:
         open_store(store_url)
     error = caught.value
-    assert (error.found, error.supported, error.code) == (999, 1, "store_version_unsupported")
+    assert (error.found, error.supported, error.code) == (
+        999,
+        SCHEMA_VERSION,
+        "store_version_unsupported",
+    )
     assert "schema version 999" in str(error)
     assert "9.9.9" in str(error)
-    assert "up to 1" in str(error)
+    assert f"up to {SCHEMA_VERSION}" in str(error)
     assert raw_query(store_url, "SELECT version FROM schema_version") == [(999,)]
 
 
@@ -254,18 +258,52 @@ def test_a_version_0_store_is_upgraded_and_keeps_what_it_had(store_url: str):
     )
     store = open_store(store_url)
     try:
-        assert store.schema_version() == 1
+        assert store.schema_version() == SCHEMA_VERSION
         _tenant(store)
         with store.transaction() as tx:
             assert tx.get_tenant("acme") is not None
     finally:
         store.close()
     assert raw_query(store_url, "SELECT body FROM notes") == [("kept",)]
-    assert raw_query(store_url, "SELECT version FROM schema_version") == [(1,)]
+    assert raw_query(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+def test_a_version_1_store_is_upgraded_to_the_current_schema(store_url: str):
+    """The real upgrade path: a store written by the first release (schema 1) with an
+    operation running in it opens under this code, migrated, its rows intact."""
+    first = SqlStore(backend_for(store_url), migrations=list(MIGRATIONS[:1]))
+    assert first.schema_version() == 1
+    first.close()
+    # Rows as the first release wrote them (its columns only), written as literals.
+    raw_sql(
+        store_url,
+        [
+            "INSERT INTO tenants (tenant, budget_class, budget_limit, reserved, spent, "
+            "created_at, updated_at) VALUES ('acme', 'standard', 10, 1, 0, "
+            "'2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+            "INSERT INTO operations (tenant, operation_id, tool, params_digest, task_id, "
+            "status, outcome, cost, attempts, lease_until, created_at, updated_at) VALUES "
+            "('acme', 'op-1', 't', "
+            "'sha256:0000000000000000000000000000000000000000000000000000000000000000', "
+            "NULL, 'running', NULL, 1, 1, '2026-01-01T00:00:00.000000Z', "
+            "'2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+        ],
+    )
+    store = open_store(store_url)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        with store.transaction() as tx:
+            operation = tx.get_operation("acme", "op-1")
+            assert operation is not None
+            assert operation.reserved is True  # what schema 1 meant: every attempt reserves
+            assert tx.proposal_for_operation("acme", "op-1") is None
+    finally:
+        store.close()
 
 
 def _step_2(*statements: str) -> list[Migration]:
-    return [*MIGRATIONS, Migration(2, "test step", lambda _dialect: list(statements))]
+    step = SCHEMA_VERSION + 1
+    return [*MIGRATIONS, Migration(step, "test step", lambda _dialect: list(statements))]
 
 
 def test_an_older_store_is_migrated_on_open_keeping_its_rows(store_url: str):
@@ -280,7 +318,7 @@ def test_an_older_store_is_migrated_on_open_keeping_its_rows(store_url: str):
         ),
     )
     try:
-        assert upgraded.schema_version() == 2
+        assert upgraded.schema_version() == SCHEMA_VERSION + 1
         with upgraded.transaction() as tx:
             assert tx.get_tenant("acme") == TenantRecord(
                 tenant="acme", budget_class="standard", budget_limit=10
@@ -288,8 +326,8 @@ def test_an_older_store_is_migrated_on_open_keeping_its_rows(store_url: str):
     finally:
         upgraded.close()
     assert "extra" in raw_tables(store_url)
-    # This code reads version 1 only: the upgraded store is refused from now on.
-    with pytest.raises(StoreVersionError, match="schema version 2"):
+    # This code reads up to SCHEMA_VERSION: the upgraded store is refused from now on.
+    with pytest.raises(StoreVersionError, match=f"schema version {SCHEMA_VERSION + 1}"):
         open_store(store_url)
 
 
@@ -301,9 +339,9 @@ def test_a_failing_migration_step_leaves_nothing_behind(store_url: str):
             migrations=_step_2("CREATE TABLE extra (id INTEGER PRIMARY KEY)", "NOT SQL AT ALL"),
         )
     assert "extra" not in raw_tables(store_url)
-    assert raw_query(store_url, "SELECT version FROM schema_version") == [(1,)]
+    assert raw_query(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     reopened = open_store(store_url)
-    assert reopened.schema_version() == 1
+    assert reopened.schema_version() == SCHEMA_VERSION
     reopened.close()
 
 
@@ -1088,7 +1126,7 @@ def test_a_full_pool_ends_in_store_busy(postgres_url: str):
     finally:
         done.set()
         holder.join()
-    assert store.schema_version() == 1  # the connection came back to the pool
+    assert store.schema_version() == SCHEMA_VERSION  # the connection came back to the pool
     store.close()
 
 

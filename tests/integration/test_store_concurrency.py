@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 
 from gateway.state import open_store
-from gateway.state.store import Store, Tx
+from gateway.state.store import SCHEMA_VERSION, Store, Tx
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_races import attempt, run_races
@@ -174,7 +174,7 @@ def test_processes_opening_a_new_store_at_once_migrate_it_once(store_url: str):
     assert _race_processes(store_url, "ledger", processes=3, attempts_each=2) == 6
     opened = open_store(store_url)
     try:
-        assert opened.schema_version() == 1
+        assert opened.schema_version() == SCHEMA_VERSION
         assert opened.verify_ledger().rows == 6
     finally:
         opened.close()

@@ -11,8 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import (
+    ComposeDecision,
+    ExecuteDecision,
+    Obligation,
+    Reason,
+    ReviewDecision,
+)
+from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput, Stage
 
 #: Any well-formed digest; the dispatcher leaves checking it to the policy client.
 SOME_DIGEST = "sha256:" + "0" * 64
@@ -41,6 +47,13 @@ def compose_decision(
     return ComposeDecision.model_validate(_provenance(ComposeDecision, fields))
 
 
+def review_decision(
+    allow: bool = True, reasons: list[Reason] | None = None, **fields: Any
+) -> ReviewDecision:
+    fields.update(allow=allow, reasons=reasons or [])
+    return ReviewDecision.model_validate(_provenance(ReviewDecision, fields))
+
+
 def key_obligation(key: str) -> Obligation:
     return Obligation(code="pass_idempotency_key", params={"key": key})
 
@@ -50,13 +63,16 @@ class ScriptedDecider:
     """Answers with fixed decisions and records every input it was asked about.
 
     ``execute_answer`` may also be a function of the input, for answers that depend
-    on the call (the idempotency key is the call's operation id).
+    on the call (the idempotency key is the call's operation id). ``review_answer``
+    (default: an allow) answers the gateway's review question.
     """
 
     execute_answer: Any = None
     compose_answer: Any = None
+    review_answer: Any = None
     asked: list[ExecuteInput] = field(default_factory=list)
     composed: list[ComposeInput] = field(default_factory=list)
+    reviewed: list[ReviewInput] = field(default_factory=list)
     error: BaseException | None = None
 
     def compose(self, facts: ComposeInput) -> ComposeDecision:
@@ -80,10 +96,26 @@ class ScriptedDecider:
         decision: ExecuteDecision = answer
         return decision
 
+    def review(self, facts: ReviewInput) -> ReviewDecision:
+        self.reviewed.append(facts)
+        if self.error is not None:
+            raise self.error
+        answer = self.review_answer
+        if answer is None:
+            return review_decision(decision_id="r-1")
+        if callable(answer):
+            answer = answer(facts)
+        decision: ReviewDecision = answer
+        return decision
+
 
 def keyed_allow(facts: ExecuteInput) -> ExecuteDecision:
     """The allow OPA gives a call: with the key obligation exactly when the contract
-    of the demo catalogue says so (the sales tools with ``idempotent_with_key``)."""
+    of the demo catalogue says so (the sales tools with ``idempotent_with_key``), at
+    the stages that run something (a proposal carries none)."""
     keyed = {"quote.prepare_send", "payment.execute"}
-    obligations = [key_obligation(facts.call.operation_id)] if facts.call.tool in keyed else []
+    runs = facts.stage is not Stage.PROPOSE
+    obligations = (
+        [key_obligation(facts.call.operation_id)] if runs and facts.call.tool in keyed else []
+    )
     return execute_decision(obligations=obligations, decision_id="d-1")

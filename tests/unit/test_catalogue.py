@@ -98,6 +98,7 @@ def test_public_surface_is_pinned() -> None:
         "BudgetClassSpec",
         "Catalogue",
         "CostClass",
+        "DEFAULT_COST_UNITS",
         "Idempotency",
         "Mode",
         "RoleSpec",
@@ -139,30 +140,58 @@ def test_sales_loads() -> None:
     cat = load_catalogue(demo_catalogue_dir("sales"))
     assert set(cat.tools) == {
         "contact.read",
+        "contact.verify_email",
+        "consent.check",
         "quote.propose",
         "quote.prepare_send",
         "payment.execute",
+        "invoice.check_approval",
     }
-    assert set(cat.roles) == {"sales", "support", "finance"}
+    assert set(cat.roles) == {"sales", "support", "finance", "sales_manager", "controller"}
     # The sales task lists the payment tool: only the role check hides it.
     assert "payment.execute" in cat.task_types["customer_quote"].tools
     assert cat.tool("payment.execute").roles == ["finance"]
     assert [t.name for t in cat.tools_for_role("sales")] == [
+        "consent.check",
         "contact.read",
+        "contact.verify_email",
         "quote.prepare_send",
         "quote.propose",
     ]
     send = cat.tool("quote.prepare_send")
     assert send.execution_action == "quote.dispatch_reviewed"
+    assert send.dispatch_action == "quote.dispatch_reviewed"
     assert send.requires == [
         "current_quote_revision",
         "verified_recipient",
         "communication_permission",
     ]
+    assert send.needs_review
+    assert send.reviewers == ["sales_manager"]
+    assert send.receipt_field == "message_id"
+    # Every evidence a tool requires is produced by some tool of the catalogue.
+    assert cat.tool("contact.verify_email").produces == ["verified_recipient"]
+    assert cat.tool("consent.check").produces == ["communication_permission"]
+    assert cat.tool("quote.propose").produces == ["current_quote_revision"]
+    assert cat.tool("invoice.check_approval").produces == ["invoice_approved"]
+    # The payment writes directly, but only after a controller reviewed it.
+    payment = cat.tool("payment.execute")
+    assert payment.mode is Mode.WRITE
+    assert payment.needs_review
+    assert payment.reviewers == ["controller"]
+    assert payment.dispatch_action == "payment.execute"
+    assert not cat.tool("contact.read").needs_review
+    assert cat.roles["sales_manager"].approves == ["exact_content_and_recipient"]
+    assert cat.roles["sales"].approves == []
     assert [t.name for t in cat.task_tools("invoice_payment")] == [
         "contact.read",
+        "invoice.check_approval",
         "payment.execute",
     ]
+    assert cat.runnable_names() == set(cat.tools) | {
+        "quote.record_reviewed",
+        "quote.dispatch_reviewed",
+    }
     assert cat.budget_classes["unlimited"].admits(CostClass.HIGH)
     assert not cat.budget_classes["standard"].admits(CostClass.HIGH)
 
@@ -209,9 +238,24 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "recovery": "reconcile_provider_receipt",
         "idempotency": "idempotent_with_key",
         "cost_class": "low",
+        "cost": 1,
         "environments": {"development": True, "staging": True, "production": True},
+        "produces": [],
+        "reviewers": {"sales_manager": True},
     }
     assert document["tools"]["contact.read"]["execution_action"] is None
+    assert document["tools"]["contact.read"]["reviewers"] == {}
+    assert document["tools"]["contact.verify_email"]["produces"] == ["verified_recipient"]
+    # cost: the contract's own, else its cost class's default units.
+    assert {name: tool["cost"] for name, tool in document["tools"].items()} == {
+        "contact.read": 0,
+        "contact.verify_email": 0,
+        "consent.check": 0,
+        "quote.propose": 1,
+        "quote.prepare_send": 1,
+        "payment.execute": 20,
+        "invoice.check_approval": 0,
+    }
 
 
 def test_compiled_document_is_keyed_by_name() -> None:
@@ -219,19 +263,28 @@ def test_compiled_document_is_keyed_by_name() -> None:
     assert set(document) == {"tools", "task_types", "budget_classes", "roles", "meta"}
     assert set(document["tools"]) == {
         "contact.read",
+        "contact.verify_email",
+        "consent.check",
         "quote.propose",
         "quote.prepare_send",
         "payment.execute",
+        "invoice.check_approval",
     }
-    assert document["roles"] == {"sales": {}, "support": {}, "finance": {}}
+    assert document["roles"] == {
+        "controller": {"approves": {"exact_content_and_recipient": True}},
+        "finance": {"approves": {}},
+        "sales": {"approves": {}},
+        "sales_manager": {"approves": {"exact_content_and_recipient": True}},
+        "support": {"approves": {}},
+    }
     assert document["task_types"]["invoice_payment"] == {
-        "tools": {"contact.read": True, "payment.execute": True}
+        "tools": {"contact.read": True, "invoice.check_approval": True, "payment.execute": True}
     }
     assert document["budget_classes"] == {
         "standard": {"admits": {"free": True, "low": True, "medium": True}},
         "unlimited": {"admits": {"free": True, "low": True, "medium": True, "high": True}},
     }
-    assert document["meta"]["tool_count"] == 4
+    assert document["meta"]["tool_count"] == 7
     assert document["meta"]["digest"].startswith("sha256:")
     assert len(document["meta"]["digest"]) == len("sha256:") + 64
 
@@ -419,10 +472,10 @@ def test_missing_name_uses_the_list_index(sales_dir: Path) -> None:
     del entry["name"]
     write(sales_dir, "tools.yaml", data)
     problems = problems_of(sales_dir)
-    assert "tools.yaml: tools[1]: field 'name': Field required" in problems
+    assert "tools.yaml: tools[3]: field 'name': Field required" in problems
     # The nameless entry cannot satisfy the task type that lists quote.propose.
     assert (
-        "task_types.yaml: task type 'customer_quote': field 'tools[1]': "
+        "task_types.yaml: task type 'customer_quote': field 'tools[3]': "
         "unknown tool 'quote.propose' (not defined in tools.yaml)" in problems
     )
 
@@ -433,7 +486,7 @@ def test_entry_that_is_not_a_mapping(sales_dir: Path) -> None:
     write(sales_dir, "tools.yaml", data)
     assert (
         only_problem(sales_dir)
-        == "tools.yaml: tools[4]: expected a mapping of fields, got a string"
+        == "tools.yaml: tools[7]: expected a mapping of fields, got a string"
     )
 
 
@@ -443,7 +496,7 @@ def test_duplicate_tool_name_names_both_indexes(sales_dir: Path) -> None:
     write(sales_dir, "tools.yaml", data)
     assert only_problem(sales_dir) == (
         "tools.yaml: tool 'contact.read': the name is defined more than once, "
-        "at tools[0] and tools[4]"
+        "at tools[0] and tools[7]"
     )
 
 
@@ -453,7 +506,7 @@ def test_duplicate_tool_entries_are_told_apart(sales_dir: Path) -> None:
     copy["mode"] = "delete"
     data["tools"].append(copy)
     write(sales_dir, "tools.yaml", data)
-    assert "tools.yaml: tool 'contact.read' (tools[4]): field 'mode': " in "\n".join(
+    assert "tools.yaml: tool 'contact.read' (tools[7]): field 'mode': " in "\n".join(
         problems_of(sales_dir)
     )
 
@@ -464,7 +517,7 @@ def test_unknown_role(sales_dir: Path) -> None:
     write(sales_dir, "tools.yaml", data)
     assert only_problem(sales_dir) == (
         "tools.yaml: tool 'payment.execute': field 'roles[1]': unknown role 'finanse' "
-        "(roles.yaml defines: finance, sales, support)"
+        "(roles.yaml defines: controller, finance, sales, sales_manager, support)"
     )
 
 
@@ -536,6 +589,157 @@ def test_proposal_must_name_its_execution_action(sales_dir: Path) -> None:
     )
 
 
+# ------------------------------------------------- review and evidence cross-checks
+
+
+def _edit_tools_and_roles(directory: Path, edit: Any) -> None:
+    tools = read(directory, "tools.yaml")
+    roles = read(directory, "roles.yaml")
+    edit({t["name"]: t for t in tools["tools"]}, roles["roles"])
+    write(directory, "tools.yaml", tools)
+    write(directory, "roles.yaml", roles)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        pytest.param(
+            lambda tools, roles: tools["payment.execute"].pop("reviewers"),
+            "tools.yaml: tool 'payment.execute': a tool whose calls are reviewed must name "
+            "the roles that may review them (reviewers)",
+            id="reviewed_tool_without_reviewers",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["contact.read"].update(reviewers=["controller"]),
+            "tools.yaml: tool 'contact.read': reviewers: this tool's calls are never reviewed",
+            id="reviewers_on_an_unreviewed_tool",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["payment.execute"].update(reviewers=["cfo"]),
+            "tools.yaml: tool 'payment.execute': field 'reviewers[0]': unknown role 'cfo'",
+            id="unknown_reviewer_role",
+        ),
+        pytest.param(
+            # finance may call the payment tool, but approves nothing: a caller's own
+            # role must not make it a reviewer.
+            lambda tools, roles: tools["payment.execute"].update(reviewers=["finance"]),
+            "tools.yaml: tool 'payment.execute': field 'reviewers[0]': role 'finance' does "
+            "not approve 'exact_content_and_recipient' (add it to the role's approves)",
+            id="reviewer_role_that_approves_nothing",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["payment.execute"].update(requires=["invoice_aproved"]),
+            "tools.yaml: tool 'payment.execute': field 'requires[0]': no tool produces "
+            "evidence 'invoice_aproved' (list it in some tool's produces)",
+            id="required_evidence_nothing_produces",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["invoice.check_approval"].update(produces=[]),
+            "tools.yaml: tool 'payment.execute': field 'requires[0]': no tool produces "
+            "evidence 'invoice_approved' (list it in some tool's produces)",
+            id="the_only_producer_stops_producing",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["quote.propose"].update(approval="none"),
+            "tools.yaml: tool 'quote.propose': a propose_write tool must name the approval "
+            "its proposals need (approval: exact_content_and_recipient)",
+            id="proposal_without_approval",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["contact.read"].update(receipt_field="receipt"),
+            "tools.yaml: tool 'contact.read': a read tool has no provider receipt (receipt_field)",
+            id="receipt_field_on_a_read_tool",
+        ),
+        pytest.param(
+            lambda tools, roles: roles["controller"].update(approves=["none"]),
+            "roles.yaml: role 'controller': field 'approves': 'none' is not an approval "
+            "a reviewer can give",
+            id="role_approving_none",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["contact.read"].update(cost=-1),
+            "tools.yaml: tool 'contact.read': field 'cost': "
+            "Input should be greater than or equal to 0",
+            id="negative_cost",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["contact.read"].update(cost=True),
+            "tools.yaml: tool 'contact.read': field 'cost': Input should be a valid integer",
+            id="boolean_cost",
+        ),
+        pytest.param(
+            lambda tools, roles: tools["contact.read"].update(cost=2.0),
+            "tools.yaml: tool 'contact.read': field 'cost': Input should be a valid integer",
+            id="float_cost",
+        ),
+    ],
+)
+def test_review_and_evidence_problems_are_named(sales_dir: Path, edit: Any, problem: str) -> None:
+    _edit_tools_and_roles(sales_dir, edit)
+    assert only_problem(sales_dir) == problem
+
+
+def test_an_execution_action_that_is_an_agent_facing_tool_is_one_problem(
+    sales_dir: Path,
+) -> None:
+    # Dispatching a reviewed quote must never run a tool agents may call directly.
+    # The cross-check's message must also stay one problem, naming its tool.
+    _edit_tools_and_roles(
+        sales_dir,
+        lambda tools, roles: tools["quote.propose"].update(execution_action="contact.read"),
+    )
+    assert only_problem(sales_dir) == (
+        "tools.yaml: tool 'quote.propose': field 'execution_action': 'contact.read' is an "
+        "agent-facing tool; an execution action is run only for a reviewed proposal"
+    )
+
+
+def test_a_reviewer_must_hold_the_tools_approval_kind_in_every_listed_role(
+    sales_dir: Path,
+) -> None:
+    def edit(tools: dict[str, Any], roles: dict[str, Any]) -> None:
+        tools["payment.execute"]["reviewers"] = ["controller", "support", "auditor"]
+
+    _edit_tools_and_roles(sales_dir, edit)
+    assert problems_of(sales_dir) == [
+        "tools.yaml: tool 'payment.execute': field 'reviewers[1]': role 'support' does not "
+        "approve 'exact_content_and_recipient' (add it to the role's approves)",
+        "tools.yaml: tool 'payment.execute': field 'reviewers[2]': unknown role 'auditor'",
+    ]
+
+
+def test_cost_units_default_to_the_cost_class_and_may_be_set(sales_dir: Path) -> None:
+    assert contracts.DEFAULT_COST_UNITS == {
+        CostClass.FREE: 0,
+        CostClass.LOW: 1,
+        CostClass.MEDIUM: 5,
+        CostClass.HIGH: 20,
+    }
+    _edit_tools_and_roles(sales_dir, lambda tools, roles: tools["quote.propose"].update(cost=7))
+    cat = load_catalogue(sales_dir)
+    assert cat.tool("quote.propose").cost_units == 7
+    assert cat.tool("payment.execute").cost_units == 20  # high, no cost of its own
+    assert compile_catalogue(cat)["tools"]["quote.propose"]["cost"] == 7
+
+
+def test_review_needed_by_mode_or_by_approval() -> None:
+    assert not minimal_tool().needs_review
+    assert not minimal_tool(mode="write").needs_review
+    approved_write = minimal_tool(
+        mode="write", approval="exact_content_and_recipient", reviewers=["r"]
+    )
+    assert approved_write.needs_review
+    assert approved_write.dispatch_action == "t.read"  # a write runs itself once reviewed
+    proposal = minimal_tool(
+        mode="propose_write",
+        approval="exact_content_and_recipient",
+        execution_action="t.apply",
+        reviewers=["r"],
+    )
+    assert proposal.needs_review
+    assert proposal.dispatch_action == "t.apply"
+
+
 def test_invalid_json_schema(sales_dir: Path) -> None:
     data, entry = tool_entry(sales_dir, "contact.read")
     entry["input_schema"]["properties"]["contact_id"]["type"] = "strin"
@@ -575,7 +779,7 @@ def test_every_problem_is_reported_at_once(sales_dir: Path) -> None:
         "tools.yaml: tool 'contact.read': field 'roles[1]': unknown role 'marketing'",
         "tools.yaml: tool 'quote.propose': field 'mode': ",
         "roles.yaml: role 'x': expected a mapping of fields, got an integer",
-        "task_types.yaml: task type 'invoice_payment': field 'tools[2]': unknown tool",
+        "task_types.yaml: task type 'invoice_payment': field 'tools[3]': unknown tool",
         "budget_classes.yaml: invalid YAML at line ",
     ]
     assert len(problems) == len(expected_starts), problems
@@ -650,3 +854,31 @@ def test_catalogue_built_in_code_is_cross_checked() -> None:
     assert "tools['other'] holds the contract of 't.read'" in message
     assert "tool 't.read' grants unknown role 'r'" in message
     assert "task type 't' lists unknown tool 'gone'" in message
+
+
+def test_catalogue_built_in_code_checks_reviewers_and_evidence() -> None:
+    budgets = {"b": BudgetClassSpec(description="b", max_cost_class=CostClass.LOW)}
+    writer = minimal_tool(
+        name="t.write",
+        mode="write",
+        approval="exact_content_and_recipient",
+        reviewers=["r"],
+        requires=["checked"],
+    )
+    with pytest.raises(ValidationError) as caught:
+        Catalogue(
+            tools={"t.write": writer},
+            roles={"r": RoleSpec(description="a role that approves nothing")},
+            task_types={"t": TaskTypeSpec(description="t", tools=["t.write"])},
+            budget_classes=budgets,
+        )
+    message = str(caught.value)
+    assert "role 'r' does not approve 'exact_content_and_recipient'" in message
+    assert "no tool produces evidence 'checked'" in message
+    ok = Catalogue(
+        tools={"t.write": writer, "t.read": minimal_tool(produces=["checked"])},
+        roles={"r": RoleSpec(description="a reviewer", approves=["exact_content_and_recipient"])},
+        task_types={"t": TaskTypeSpec(description="t", tools=["t.write", "t.read"])},
+        budget_classes=budgets,
+    )
+    assert ok.runnable_names() == {"t.write", "t.read"}

@@ -28,7 +28,7 @@ from gateway.errors import (
 )
 from gateway.model.contracts import Catalogue
 from gateway.model.decisions import ExecuteDecision, Obligation, Reason
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, ProposalRef, Stage
 from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable
 from tests.unit.scripted_decider import (
     ScriptedDecider,
@@ -50,7 +50,7 @@ def facts() -> ComposeInput:
             "principal": {"agent": "a", "role": "sales", "tenant": "t"},
             "task": {
                 "type": "customer_quote",
-                "linked_resources": [{"type": "contact", "id": "c"}],
+                "linked_resources": [{"type": "contact", "id": "c-42"}],
             },
             "connections": {"crm": "active"},
             "environment": "production",
@@ -70,10 +70,10 @@ def make(catalogue: Catalogue, desk: SalesDesk, decider: ScriptedDecider, **kw: 
 
 def test_allow_runs_tool_and_returns_success(catalogue, desk, facts):
     decider = ScriptedDecider()
-    outcome = make(catalogue, desk, decider).call(facts, "contact.read", {"contact_id": "c"})
+    outcome = make(catalogue, desk, decider).call(facts, "contact.read", {"contact_id": "c-42"})
     assert outcome.status is OutcomeStatus.SUCCESS
     assert outcome.result is not None
-    assert outcome.result["contact_id"] == "c"
+    assert outcome.result["contact_id"] == "c-42"
     assert outcome.decision_id == "d-1"
     assert desk.entered == ["contact.read"]
 
@@ -173,29 +173,45 @@ SEND = {
 }
 
 
+class Recorder:
+    """An adapter holding the runnable names it is given; records what each run got."""
+
+    def __init__(self, *names: str, returns: Any = None) -> None:
+        self._names = list(names)
+        self.returns = returns or {"message_id": "m-1", "status": "sent"}
+        self.runs: list[tuple[str, dict[str, Any], Any]] = []
+
+    def names(self) -> list[str]:
+        return self._names
+
+    def has(self, name: str) -> bool:
+        return name in self._names
+
+    def describe(self, name: str) -> str | None:
+        return None
+
+    def run(self, name, params, context):
+        self.runs.append((name, params, context))
+        return self.returns
+
+
+APPROVED = ProposalRef(id="pr-1", status="approved")
+
+
 def test_idempotency_key_obligation_reaches_the_adapter(catalogue, facts):
-    seen: list[Any] = []
-
-    class Recorder:
-        def names(self) -> list[str]:
-            return ["quote.prepare_send"]
-
-        def has(self, name: str) -> bool:
-            return True
-
-        def describe(self, name: str) -> str | None:
-            return None
-
-        def run(self, name, params, context):
-            seen.append(context)
-            return {"proposal_id": "p-1", "status": "queued_for_review"}
-
+    recorder = Recorder("quote.dispatch_reviewed")
     allow = execute_decision(obligations=[key_obligation("op-7")])
-    dispatcher = Dispatcher(catalogue, ScriptedDecider(allow), ToolRegistry(Recorder()))
-    outcome = dispatcher.call(facts, "quote.prepare_send", SEND, operation_id="op-7")
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(allow), ToolRegistry(recorder))
+    outcome = dispatcher.call(
+        facts, "quote.prepare_send", SEND, operation_id="op-7", stage=Stage.DISPATCH,
+        proposal=APPROVED,
+    )  # fmt: skip
     assert outcome.status is OutcomeStatus.SUCCESS
-    assert seen[0].idempotency_key == "op-7"
-    assert seen[0].connection_alias == "sales_mailbox"
+    assert outcome.provider_receipt == "m-1"
+    (name, _, context) = recorder.runs[0]
+    assert name == "quote.dispatch_reviewed"  # a dispatched proposal runs its action
+    assert context.idempotency_key == "op-7"
+    assert context.connection_alias == "sales_mailbox"
 
 
 def test_idempotency_obligation_without_key_is_refused(catalogue, desk, facts):
@@ -295,12 +311,15 @@ def test_compose_rejects_answers_that_do_not_fit_the_catalogue(catalogue, desk, 
 
 
 def test_observer_sees_decisions_without_params(catalogue, desk, facts):
+    desk.contacts["secret-contact"] = {"name": "S", "email": "s@example.test"}
     events: list[DecisionEvent] = []
     dispatcher = make(catalogue, desk, ScriptedDecider(), observer=events.append)
     dispatcher.compose(facts)
     dispatcher.call(facts, "contact.read", {"contact_id": "secret-contact"})
     assert [e.kind for e in events] == ["compose", "execute"]
     assert events[1].status == "success"
+    assert events[1].stage == "call"
+    assert events[1].via is None
     assert "secret-contact" not in repr(events)
 
 
@@ -409,22 +428,233 @@ def test_bad_output_message_does_not_quote_the_output(catalogue, facts):
 
 
 def test_approval_supplies_the_operation_id(catalogue, desk, facts):
-    from datetime import UTC, datetime, timedelta
-
-    from gateway.model.facts import Approval
-
     decider = ScriptedDecider()
-    approval = Approval(
-        kind="exact_content_and_recipient",
-        tool="contact.read",
-        operation_id="op-approved",
-        tenant="t",
-        digest=params_digest({"contact_id": "c"}),
-        expires_at=datetime.now(UTC) + timedelta(minutes=1),
-        approved_by="p",
-    )
+    approval = _approval("contact.read", {"contact_id": "c-42"})
     outcome = make(catalogue, desk, decider).call(
-        facts, "contact.read", {"contact_id": "c"}, approval=approval
+        facts, "contact.read", {"contact_id": "c-42"}, approval=approval
     )
     assert decider.asked[0].call.operation_id == "op-approved"
+    assert decider.asked[0].approval == approval
     assert outcome.operation_id == "op-approved"
+
+
+def _approval(tool: str, params: dict[str, Any], **changes: Any) -> Approval:
+    from datetime import UTC, datetime, timedelta
+
+    fields: dict[str, Any] = {
+        "kind": "exact_content_and_recipient",
+        "tool": tool,
+        "operation_id": "op-approved",
+        "tenant": "t",
+        "digest": params_digest(params),
+        "expires_at": datetime.now(UTC) + timedelta(minutes=1),
+        "approved_by": "p",
+        "used": False,
+    }
+    fields.update(changes)
+    return Approval.model_validate(fields)
+
+
+def test_an_approval_must_say_whether_it_was_used(catalogue):
+    # A gatherer that forgets `used` must fail validation, never send a fresh-looking
+    # approval that OPA would have to guess about.
+    from pydantic import ValidationError
+
+    fields = _approval("contact.read", {"contact_id": "c-42"}).model_dump()
+    del fields["used"]
+    with pytest.raises(ValidationError, match="used"):
+        Approval.model_validate(fields)
+    with pytest.raises(ValidationError, match="used"):
+        Approval.model_validate({**fields, "used": None})
+
+
+# -- stages, budget and proposal: what the dispatcher sends and what each stage runs -----
+
+
+def test_the_stage_budget_proposal_and_evidence_reach_the_decider(catalogue, desk, facts):
+    decider = ScriptedDecider()
+    approval = _approval("payment.execute", PAYMENT, operation_id="pay-1")
+    make(catalogue, desk, decider).call(
+        facts,
+        "payment.execute",
+        PAYMENT,
+        operation_id="pay-1",
+        stage=Stage.DISPATCH,
+        approval=approval,
+        evidence=["invoice_approved", "invoice_approved"],
+        budget=Budget(remaining=None, cost=20),
+        proposal=APPROVED,
+    )
+    asked = decider.asked[0]
+    assert asked.stage is Stage.DISPATCH
+    assert asked.budget == Budget(remaining=None, cost=20)
+    assert asked.proposal == APPROVED
+    assert asked.approval == approval
+    assert asked.evidence == ["invoice_approved"]  # a set of names, sorted
+    assert asked.to_opa()["stage"] == "dispatch"
+    assert asked.to_opa()["approval"]["used"] is False
+
+
+def test_a_call_defaults_to_stage_call_without_budget_or_proposal(catalogue, desk, facts):
+    decider = ScriptedDecider()
+    make(catalogue, desk, decider).call(facts, "contact.read", {"contact_id": "c-42"})
+    asked = decider.asked[0]
+    assert (asked.stage, asked.budget, asked.proposal, asked.approval) == (
+        Stage.CALL,
+        None,
+        None,
+        None,
+    )
+
+
+def test_a_proposal_runs_nothing_and_needs_no_adapter(catalogue, facts):
+    # An allow at stage propose is a grant to record the proposal, not to run.
+    recorder = Recorder()
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry(recorder))
+    prepared = dispatcher.prepare("quote.prepare_send", SEND)
+    request = dispatcher.execute_input(facts, prepared, operation_id="op-9", stage=Stage.PROPOSE)
+    authorised = dispatcher.authorise(prepared, request)
+    assert authorised.adapter is None
+    assert authorised.action == "quote.prepare_send"
+    assert authorised.grant.idempotency_key is None  # nothing runs: no key obligation
+    outcome = dispatcher.run(authorised)
+    assert outcome.status is OutcomeStatus.REFUSED
+    assert outcome.error == "nothing to run"
+    assert recorder.runs == []
+
+
+def test_a_key_obligation_on_a_proposal_is_refused(catalogue, facts):
+    allow = execute_decision(obligations=[key_obligation("op-9")])
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(allow), ToolRegistry())
+    prepared = dispatcher.prepare("quote.prepare_send", SEND)
+    request = dispatcher.execute_input(facts, prepared, operation_id="op-9", stage=Stage.PROPOSE)
+    with pytest.raises(ObligationUnsupported):
+        dispatcher.authorise(prepared, request)
+
+
+def test_dispatch_of_an_action_no_adapter_holds_is_not_registered(catalogue, facts):
+    # The tool's own name is registered, but a dispatch runs the execution action.
+    recorder = Recorder("quote.prepare_send")
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry(recorder))
+    with pytest.raises(ToolNotRegistered, match=r"quote\.dispatch_reviewed"):
+        dispatcher.call(
+            facts, "quote.prepare_send", SEND, operation_id="op-9", stage=Stage.DISPATCH
+        )
+    assert recorder.runs == []
+
+
+def test_authorise_refuses_an_input_made_for_another_call(catalogue, desk, facts):
+    decider = ScriptedDecider()
+    dispatcher = make(catalogue, desk, decider)
+    prepared = dispatcher.prepare("contact.read", {"contact_id": "c-42"})
+    other = dispatcher.prepare("contact.read", {"contact_id": "c-77"})
+    request = dispatcher.execute_input(facts, other)
+    with pytest.raises(InvalidInput, match="not for this prepared call"):
+        dispatcher.authorise(prepared, request)
+    with pytest.raises(InvalidInput):
+        dispatcher.authorise({"tool": "contact.read"}, request)  # type: ignore[arg-type]
+    assert decider.asked == []
+    assert desk.entered == []
+
+
+def test_run_hands_the_account_and_secret_to_the_adapter_only(catalogue, facts):
+    from gateway.dispatch.transport import Secret
+
+    recorder = Recorder("payment.execute", returns={"payment_id": "p-1", "status": "submitted"})
+    events: list[DecisionEvent] = []
+    dispatcher = Dispatcher(
+        catalogue, ScriptedDecider(), ToolRegistry(recorder), observer=events.append
+    )
+    prepared = dispatcher.prepare("payment.execute", PAYMENT)
+    request = dispatcher.execute_input(
+        facts, prepared, operation_id="pay-2", stage=Stage.DISPATCH, proposal=APPROVED
+    )
+    authorised = dispatcher.authorise(prepared, request)
+    assert recorder.runs == []  # authorising runs nothing
+    outcome = dispatcher.run(authorised, account="t@bank", credential=Secret("s3cr3t-bank"))
+    assert outcome.status is OutcomeStatus.SUCCESS
+    (name, params, context) = recorder.runs[0]
+    assert name == "payment.execute"  # a reviewed write runs itself
+    assert params == PAYMENT
+    assert (context.tenant, context.account) == ("t", "t@bank")
+    assert context.credential.reveal() == "s3cr3t-bank"
+    assert "s3cr3t" not in repr(context)
+    assert "s3cr3t" not in repr(events) + repr(outcome)
+    assert [e.stage for e in events] == ["dispatch"]
+
+
+def test_run_never_raises_whatever_the_adapter_does(catalogue, facts):
+    class Exploding(Recorder):
+        def run(self, name, params, context):
+            raise SystemError("adapter bug")
+
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry(Exploding("contact.read")))
+    prepared = dispatcher.prepare("contact.read", {"contact_id": "c-42"})
+    authorised = dispatcher.authorise(prepared, dispatcher.execute_input(facts, prepared))
+    outcome = dispatcher.run(authorised)
+    assert outcome.status is OutcomeStatus.RETRYABLE  # contact.read is safe to repeat
+    assert "adapter bug" in (outcome.error or "")
+
+
+@pytest.mark.parametrize(
+    ("returned", "status"),
+    [
+        ({"payment_id": "pay-1", "status": "submitted"}, OutcomeStatus.SUCCESS),
+        ({"payment_id": "", "status": "submitted"}, OutcomeStatus.UNKNOWN),
+    ],
+    ids=["receipt", "empty receipt"],
+)
+def test_a_success_needs_the_providers_receipt(catalogue, facts, returned, status):
+    # payment.execute's schema accepts an empty payment_id; its receipt_field does not.
+    recorder = Recorder("payment.execute", returns=returned)
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry(recorder))
+    outcome = dispatcher.call(
+        facts, "payment.execute", PAYMENT, operation_id="pay-3", stage=Stage.DISPATCH
+    )
+    assert outcome.status is status
+    if status is OutcomeStatus.SUCCESS:
+        assert outcome.provider_receipt == "pay-1"
+    else:
+        assert outcome.provider_receipt is None
+        assert outcome.recovery == catalogue.tools["payment.execute"].recovery
+        assert "receipt" in (outcome.error or "")
+
+
+def test_a_lookup_result_is_checked_like_a_run_and_traced_as_one(catalogue, facts):
+    events: list[DecisionEvent] = []
+    recorder = Recorder("payment.execute")
+    dispatcher = Dispatcher(
+        catalogue, ScriptedDecider(), ToolRegistry(recorder), observer=events.append
+    )
+    prepared = dispatcher.prepare("payment.execute", PAYMENT)
+    request = dispatcher.execute_input(facts, prepared, operation_id="pay-4", stage=Stage.DISPATCH)
+    authorised = dispatcher.authorise(prepared, request)
+    found = dispatcher.found(authorised, {"payment_id": "pay-4", "status": "submitted"})
+    assert found.status is OutcomeStatus.SUCCESS
+    assert found.provider_receipt == "pay-4"
+    assert events[-1].via == "lookup"
+    assert events[-1].stage == "dispatch"
+    bad = dispatcher.found(authorised, {"payment_id": "pay-4", "status": "lost"})
+    assert bad.status is OutcomeStatus.UNKNOWN  # breaks the output schema
+    assert dispatcher.found(authorised, "not a dict").status is OutcomeStatus.UNKNOWN
+    assert recorder.runs == []
+
+
+def test_events_carry_the_bundle_revision_the_decision_was_made_under(catalogue, desk, facts):
+    events: list[DecisionEvent] = []
+    # The revisions, not the bundle names: an embedded OPA names its bundle by a
+    # temporary folder path, which changes every start and says nothing of the policy.
+    allow = execute_decision(
+        bundle_revisions={"/tmp/run-1/bundle": "rev-1", "other": "", "b": "rev-0"}
+    )
+    dispatcher = make(catalogue, desk, ScriptedDecider(allow), observer=events.append)
+    dispatcher.call(facts, "contact.read", {"contact_id": "c-42"})
+    assert events[-1].revision == "rev-0,rev-1"
+
+
+PAYMENT = {
+    "invoice_id": "inv-9",
+    "amount_cents": 120_000,
+    "currency": "EUR",
+    "beneficiary": "DE44500105175407324931",
+}

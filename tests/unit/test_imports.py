@@ -46,7 +46,8 @@ MODULES = _modules()
 
 def test_the_layout_has_the_expected_rooms():
     names = {name for name, _ in MODULES}
-    for room in ("gateway.model", "gateway.catalogue", "gateway.opa", "gateway.dispatch"):
+    rooms = ("gateway.model", "gateway.catalogue", "gateway.opa", "gateway.dispatch")
+    for room in (*rooms, "gateway.state", "gateway.service"):
         assert room in names
     flat = sorted(p.name for p in (REPO / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(flat) <= 4, f"gateway's top level is filling up again: {flat}"
@@ -89,6 +90,55 @@ def test_imports_run_one_way(name: str, path: Path):
         f"line {line}: imports {top}"
         for top, line in _imported_packages(path)
         if top not in ALLOWED[package]
+    )
+    assert wrong == []
+
+
+#: The core's rooms, each above the ones it may import: the stateful service on top,
+#: then the stateless dispatcher, the store, the OPA side and the catalogue, all
+#: over the models.
+CORE_BELOW = {
+    "gateway.service": {"gateway.dispatch", "gateway.state", "gateway.model", "gateway.opa",
+                        "gateway.catalogue"},
+    "gateway.dispatch": {"gateway.model"},
+    "gateway.state": {"gateway.model"},
+    "gateway.opa": {"gateway.model", "gateway.catalogue"},
+    "gateway.catalogue": {"gateway.model"},
+    "gateway.model": set(),
+}  # fmt: skip
+
+
+def _core_room(module: str) -> str | None:
+    return next(
+        (room for room in CORE_BELOW if module == room or module.startswith(room + ".")), None
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [(n, p) for n, p in MODULES if _core_room(n)],
+    ids=[n for n, _ in MODULES if _core_room(n)],
+)
+def test_the_cores_rooms_import_downwards_only(name: str, path: Path):
+    room = _core_room(name)
+    assert room is not None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    wrong = sorted(
+        module
+        for module in imported
+        if (other := _core_room(module)) is not None
+        and other != room
+        and other not in CORE_BELOW[room]
     )
     assert wrong == []
 

@@ -1,9 +1,10 @@
 """Fail closed on any input: bounded nesting and size, and only capgate's own errors.
 
 Whatever a caller (an agent loop feeding a model's output) passes to
-``Dispatcher.call``, ``Dispatcher.compose`` or ``AgentSession``, the answer is a
-capgate error from :mod:`gateway.errors` before OPA or the tool is touched, or an
-Outcome once the tool has run. Nesting is refused by an explicit, iterative check
+``Dispatcher.call``, ``Dispatcher.compose``, ``AgentSession`` or the ``Gateway``, the
+answer is a capgate error from :mod:`gateway.errors` before OPA or the tool is
+touched, or an Outcome once the tool has run. Sessions and gateways run over a real
+SQLite store (the ``store`` fixture). Nesting is refused by an explicit, iterative check
 (never a ``RecursionError`` half-way through json, jsonschema or pydantic).
 """
 
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
@@ -27,14 +29,24 @@ from gateway.digest import (
     params_digest,
     plain_json,
 )
-from gateway.dispatch.agent import AgentSession
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import InvalidInput, PolicyUnavailable, ToolFailed
 from gateway.model.contracts import Catalogue
-from gateway.model.facts import Approval, ComposeInput
-from gateway.model.outcomes import OutcomeStatus
-from tests.unit.scripted_decider import ScriptedDecider, compose_decision
+from gateway.model.decisions import Reason
+from gateway.model.facts import Approval, Budget, ComposeInput, Principal
+from gateway.model.outcomes import Outcome, OutcomeStatus
+from gateway.service.agent import AgentSession
+from gateway.service.gateway import Gateway
+from gateway.service.requests import AgentRequest
+from gateway.state.store import Store
+from tests.unit import gateway_support
+from tests.unit.scripted_decider import (
+    ScriptedDecider,
+    compose_decision,
+    execute_decision,
+    review_decision,
+)
 
 # A schema that accepts any nesting, so only the explicit limits can refuse it.
 DEEP_TOOL_SCHEMA = {
@@ -88,6 +100,16 @@ def dispatcher(catalogue: Catalogue, tool: Tool, decider: ScriptedDecider | None
     tools = InProcessTools()
     tools.register("contact.read", "d", tool)
     return Dispatcher(catalogue, decider or ScriptedDecider(), ToolRegistry(tools))
+
+
+def gateway(catalogue: Catalogue, tool: Tool, decider: ScriptedDecider, store: Store) -> Gateway:
+    tools = InProcessTools()
+    tools.register("contact.read", "d", tool)
+    return gateway_support.gateway(catalogue, decider, store, tools)
+
+
+def session(catalogue: Catalogue, tool: Tool, decider: ScriptedDecider, store: Store):
+    return AgentSession(gateway(catalogue, tool, decider, store), gateway_support.request())
 
 
 # -- A: nesting and size of parameters ----------------------------------------------
@@ -233,10 +255,10 @@ def test_output_whose_mapping_fails_while_read_is_an_unknown_outcome(catalogue):
     assert outcome.status is OutcomeStatus.UNKNOWN
 
 
-def test_agent_session_refuses_deep_params_and_turns_deep_output_into_tool_failed(catalogue):
+def test_agent_session_refuses_deep_params_and_turns_deep_output_into_tool_failed(catalogue, store):
     tool = Tool()
     decider = ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
-    agent = AgentSession(dispatcher(catalogue, tool, decider), FACTS)
+    agent = session(catalogue, tool, decider, store)
     with pytest.raises(InvalidInput, match=f"limit of {MAX_DEPTH} levels"):
         agent.call_tool("contact.read", contact_id="c", doc=nested(1000))
     assert tool.calls == []
@@ -275,6 +297,7 @@ def _approval() -> Approval:
         digest="sha256:" + "0" * 64,
         expires_at=datetime.now(UTC) + timedelta(minutes=5),
         approved_by="p",
+        used=False,
     )
 
 
@@ -321,6 +344,13 @@ MALFORMED: dict[str, Call] = {
     "operation id 1 MB": call(operation_id="o" * 1_000_000),
     "approval a dict": call(approval={"kind": "x"}),
     "approval a string": call(approval="yes"),
+    "approval a dict of a real approval": call(approval=_approval().model_dump()),
+    "stage a string": call(stage="call"),
+    "stage None": call(stage=None),
+    "budget a dict": call(budget={"remaining": None, "cost": 0}),
+    "budget a number": call(budget=10),
+    "proposal a dict": call(proposal={"id": "p", "status": "approved"}),
+    "proposal an id": call(proposal="p"),
     "evidence one string": call(evidence="invoice_approved"),
     "evidence of ints": call(evidence=[1, 2]),
     "evidence unhashable items": call(evidence=[["a"]]),
@@ -356,45 +386,188 @@ SESSION_MALFORMED: dict[str, Callable[[AgentSession], Any]] = {
 
 
 @pytest.mark.parametrize("attempt", SESSION_MALFORMED.values(), ids=SESSION_MALFORMED.keys())
-def test_agent_session_refuses_malformed_calls_with_invalid_input(catalogue, attempt):
+def test_agent_session_refuses_malformed_calls_with_invalid_input(catalogue, store, attempt):
     tool, decider = Tool(), ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
-    agent = AgentSession(dispatcher(catalogue, tool, decider), FACTS)
+    agent = session(catalogue, tool, decider, store)
     with pytest.raises(InvalidInput):
         attempt(agent)
     assert decider.asked == []
     assert tool.calls == []
 
 
+# -- a caller cannot assert the facts that grant ---------------------------------------
+#
+# The old session took evidence and approvals from its caller (and refused malformed
+# ones). Now there is no way to pass them at all: the gateway reads them from its store.
+
+
+REQUEST = {
+    "principal": {"agent": "a", "role": "sales", "tenant": "t"},
+    "task": {"type": "customer_quote", "id": "task-1"},
+    "environment": "production",
+}
+
+
 @pytest.mark.parametrize(
-    "options",
+    "extra",
     [
-        {"evidence": "invoice_approved"},
-        {"evidence": [1]},
-        {"evidence": 3},
+        {"evidence": ["invoice_approved"]},
+        {"approval": _approval().model_dump(mode="json")},
         {"approvals": {"contact.read": {"kind": "x"}}},
-        {"approvals": {1: _approval()}},
-        {"approvals": ["contact.read"]},
-        {"approvals": RaisingMapping()},
+        {"connections": {"crm": "active"}},
+        {"budget_class": "unlimited"},
+        {"budget": {"remaining": None, "cost": 0}},
+        {"stage": "dispatch"},
+        {"proposal": {"id": "p", "status": "approved"}},
+    ],
+    ids=lambda extra: next(iter(extra)),
+)
+def test_an_agent_request_has_no_field_for_a_fact_that_grants(extra):
+    with pytest.raises(ValidationError) as caught:
+        AgentRequest.model_validate({**REQUEST, **extra})
+    assert caught.value.error_count() == 1
+    assert next(iter(extra)) in str(caught.value)  # the refused field is named
+
+
+def test_an_agent_request_needs_a_task_id():
+    task = {"type": "customer_quote"}
+    with pytest.raises(ValidationError, match="task needs an id"):
+        AgentRequest.model_validate({**REQUEST, "task": task})
+
+
+@pytest.mark.parametrize("option", ["evidence", "approvals", "facts"])
+def test_a_session_takes_no_evidence_or_approvals(catalogue, store, option):
+    gate = gateway(catalogue, Tool(), ScriptedDecider(), store)
+    with pytest.raises(TypeError):
+        AgentSession(gate, gateway_support.request(), **{option: []})  # type: ignore[call-arg]
+
+
+def test_evidence_or_approval_passed_as_call_arguments_are_only_tool_parameters(catalogue, store):
+    # contact.read's schema here accepts any extra field: what the agent sends under
+    # these names reaches the tool as parameters and never becomes a fact OPA reads.
+    tool = Tool()
+    decider = ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
+    agent = session(catalogue, tool, decider, store)
+    agent.call_tool(
+        "contact.read",
+        contact_id="c",
+        approval=_approval().model_dump(mode="json"),
+        evidence=["invoice_approved"],
+        budget={"remaining": None, "cost": 0},
+    )
+    asked = decider.asked[0]
+    assert asked.approval is None
+    assert asked.evidence == []
+    assert asked.budget == Budget(remaining=None, cost=0)
+    assert set(tool.calls[0]) == {"contact_id", "approval", "evidence", "budget"}
+
+
+def test_agent_session_refuses_a_request_that_is_not_an_agent_request(catalogue, store):
+    gate = gateway(catalogue, Tool(), ScriptedDecider(), store)
+    with pytest.raises(InvalidInput, match="AgentRequest"):
+        AgentSession(gate, FACTS)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="AgentRequest"):
+        AgentSession(gate, {"principal": {}})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="AgentRequest"):
+        gate.call(FACTS, "contact.read", {"contact_id": "c"})  # type: ignore[arg-type]
+
+
+# -- the gateway's review and dispatch refuse malformed arguments -----------------------
+
+REVIEWER = Principal(agent="m", role="sales_manager", tenant="t")
+QUOTE = {"opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}
+
+
+def _proposed(catalogue: Catalogue, store: Store, decider: ScriptedDecider) -> tuple[Gateway, str]:
+    gate = gateway(catalogue, Tool(), decider, store)
+    proposal = gate.call(gateway_support.request(), "quote.propose", QUOTE)
+    assert not isinstance(proposal, Outcome)
+    return gate, proposal.id
+
+
+@pytest.mark.parametrize(
+    "attempt",
+    [
+        lambda g, p: g.review(
+            p, {"agent": "m", "role": "sales_manager", "tenant": "t"}, "approved"
+        ),
+        lambda g, p: g.review(p, REVIEWER, "maybe"),
+        lambda g, p: g.review(p, REVIEWER, None),
+        lambda g, p: g.review(p, REVIEWER, "approved", ttl=timedelta(0)),
+        lambda g, p: g.review(p, REVIEWER, "approved", ttl=timedelta(seconds=-1)),
+        lambda g, p: g.review(7, REVIEWER, "approved"),
+        lambda g, p: g.dispatch(["p"]),
     ],
     ids=[
-        "evidence one string",
-        "evidence of ints",
-        "evidence an int",
-        "approval a dict",
-        "approvals keyed by an int",
-        "approvals a list",
-        "approvals raising",
+        "reviewer a dict",
+        "verdict unknown",
+        "verdict None",
+        "approval lives zero seconds",
+        "approval lives negative time",
+        "proposal id an int",
+        "dispatch of a list",
     ],
 )
-def test_agent_session_refuses_malformed_evidence_and_approvals(catalogue, options):
-    decider = ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
+def test_review_and_dispatch_refuse_malformed_arguments_before_opa(catalogue, store, attempt):
+    decider = ScriptedDecider()
+    gate, proposal = _proposed(catalogue, store, decider)
+    asked = len(decider.asked)
     with pytest.raises(InvalidInput):
-        AgentSession(dispatcher(catalogue, Tool(), decider), FACTS, **options)
+        attempt(gate, proposal)
+    assert decider.reviewed == []
+    assert len(decider.asked) == asked
 
 
-def test_agent_session_refuses_facts_that_are_not_a_compose_input(catalogue):
-    with pytest.raises(InvalidInput, match="ComposeInput"):
-        AgentSession(dispatcher(catalogue, Tool()), {"principal": {}})  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    "ttl", [timedelta.max, timedelta(days=10**8)], ids=["timedelta.max", "a hundred million days"]
+)
+def test_an_approval_that_would_outlive_the_calendar_is_invalid_input(catalogue, store, ttl):
+    # Its expiry cannot be written down: refused as a capgate error (not an
+    # OverflowError from the date arithmetic), and nothing is recorded.
+    decider = ScriptedDecider()
+    gate, proposal = _proposed(catalogue, store, decider)
+    with pytest.raises(InvalidInput):
+        gate.review(proposal, REVIEWER, "approved", ttl=ttl)
+    with store.transaction(read_only=True) as tx:
+        assert tx.reviews(proposal) == []
+        stored = tx.get_proposal(proposal)
+    assert stored is not None
+    assert stored.status.value == "pending"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("bug"), TimeoutError()],
+)
+def test_a_review_decider_that_fails_its_own_way_fails_closed(catalogue, store, failure):
+    decider = ScriptedDecider()
+    gate, proposal = _proposed(catalogue, store, decider)
+    decider.error = failure
+    with pytest.raises(PolicyUnavailable, match="failing closed"):
+        gate.review(proposal, REVIEWER, "approved")
+    with store.transaction(read_only=True) as tx:
+        assert tx.reviews(proposal) == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda _facts: execute_decision(),
+        lambda _facts: {"allow": True, "reasons": []},
+        lambda _facts: review_decision(reasons=[Reason(code="self_review", message="m")]),
+    ],
+    ids=["an execute decision", "a dict", "an allow with reasons"],
+)
+def test_a_review_answer_that_is_not_a_clean_allow_fails_closed(catalogue, store, answer):
+    decider = ScriptedDecider(review_answer=answer)
+    gate, proposal = _proposed(catalogue, store, decider)
+    with pytest.raises(PolicyUnavailable):
+        gate.review(proposal, REVIEWER, "approved")
+    with store.transaction(read_only=True) as tx:
+        assert tx.reviews(proposal) == []
+        stored = tx.get_proposal(proposal)
+    assert stored is not None
+    assert stored.status.value == "pending"
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("bug"), TimeoutError(), KeyError("x")])
@@ -422,3 +595,17 @@ def test_a_decider_answer_of_the_wrong_type_fails_closed(catalogue, answer):
         with pytest.raises(PolicyUnavailable):
             dispatcher(catalogue, tool, decider).compose(FACTS)
     assert tool.calls == []
+
+
+def test_many_small_numbers_under_the_size_limit_are_accepted():
+    """The size limit counts what canonical JSON writes: 45,000 times ``0.0`` is about
+    180 kB, far under 1 MiB, and must not be refused as too large."""
+    from gateway.digest import MAX_PARAMS_BYTES, plain_params
+
+    params = {"values": [0.0] * 45_000, "flags": [None, True, False] * 10_000}
+    copy, canonical = plain_params(params)
+    assert len(canonical) < MAX_PARAMS_BYTES
+    assert copy["values"][0] == 0.0
+    too_big = {"values": [0.123456789] * 120_000}  # about 1.4 MB written out
+    with pytest.raises(InvalidInput, match="larger than the limit"):
+        plain_params(too_big)

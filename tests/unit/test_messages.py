@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
-from gateway.dispatch.agent import AgentSession
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry, require_catalogue_names
 from gateway.errors import (
@@ -28,7 +27,11 @@ from gateway.errors import (
 )
 from gateway.model.contracts import Catalogue
 from gateway.model.decisions import Reason
-from gateway.model.facts import ComposeInput
+from gateway.model.facts import ComposeInput, Principal
+from gateway.service.agent import AgentSession
+from gateway.service.requests import AgentRequest
+from gateway.state import UnknownProposal
+from tests.unit import gateway_support
 from tests.unit.scripted_decider import ScriptedDecider, compose_decision, execute_decision
 
 MB = 1_000_000
@@ -110,11 +113,37 @@ def test_a_megabyte_tool_name_gives_a_short_message_from_call(catalogue):
     assert decider.asked == []
 
 
-def test_a_megabyte_tool_name_gives_a_short_message_from_the_agent_session(catalogue):
+def test_a_megabyte_tool_name_gives_a_short_message_from_the_agent_session(catalogue, store):
     decider = ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
-    agent = AgentSession(dispatcher(catalogue, decider), FACTS)
+    gateway = gateway_support.gateway(catalogue, decider, store)
+    agent = AgentSession(gateway, gateway_support.request())
     with pytest.raises(InvalidInput) as caught:
         agent.call_tool(HUGE_NAME)
+    short(caught.value)
+    assert decider.asked == []
+
+
+def test_a_megabyte_proposal_id_gives_a_short_message(catalogue, store):
+    gateway = gateway_support.gateway(catalogue, ScriptedDecider(), store)
+    reviewer = Principal(agent="m", role="sales_manager", tenant="t")
+    with pytest.raises(UnknownProposal) as caught:
+        gateway.review(HUGE_NAME, reviewer, "approved")
+    assert "(1000000 characters)" in short(caught.value)
+    with pytest.raises(UnknownProposal) as caught:
+        gateway.dispatch(HUGE_NAME)
+    assert "(1000000 characters)" in short(caught.value)
+
+
+def test_a_megabyte_unknown_field_of_an_agent_request_gives_a_short_message():
+    # Like every facts model (below), the request an agent loop or a service builds
+    # from what it was sent must not echo a huge unknown key back whole.
+    request = {
+        "principal": {"agent": "a", "role": "sales", "tenant": "t"},
+        "task": {"type": "customer_quote", "id": "task-1"},
+        "environment": "production",
+    }
+    with pytest.raises(ValidationError) as caught:
+        AgentRequest.model_validate({**request, HUGE_NAME: 1})
     short(caught.value)
 
 

@@ -17,12 +17,12 @@ from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import CallContext
+from gateway.dispatch.transport import CallContext, Secret
 from gateway.dispatch.verify import required_obligations, verify_execute
 from gateway.errors import ObligationUnsupported
 from gateway.model.contracts import Catalogue
 from gateway.model.decisions import Obligation
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.facts import ComposeInput, ExecuteInput, Stage
 from gateway.model.outcomes import OutcomeStatus
 from tests.unit.scripted_decider import ScriptedDecider, execute_decision, key_obligation
 
@@ -71,24 +71,31 @@ class Recorder:
         return {"contact_id": "c", "name": "n", "email": "n@example.test"}
 
 
+def _stage(tool: str) -> Stage:
+    """Where the tool runs: a payment needs review, so it runs when dispatched."""
+    return Stage.DISPATCH if tool == "payment.execute" else Stage.CALL
+
+
 def call(catalogue: Catalogue, tool: str, obligations: list[Obligation]) -> Recorder:
     adapter = Recorder()
     decider = ScriptedDecider(execute_decision(obligations=obligations))
     params = PAYMENT if tool == "payment.execute" else {"contact_id": "c"}
     outcome = Dispatcher(catalogue, decider, ToolRegistry(adapter)).call(
-        FACTS, tool, params, operation_id=OPERATION
+        FACTS, tool, params, operation_id=OPERATION, stage=_stage(tool)
     )
     assert outcome.status is OutcomeStatus.SUCCESS
     return adapter
 
 
-def refused(catalogue: Catalogue, tool: str, obligations: list[Obligation]) -> str:
+def refused(
+    catalogue: Catalogue, tool: str, obligations: list[Obligation], stage: Stage | None = None
+) -> str:
     adapter = Recorder()
     decider = ScriptedDecider(execute_decision(obligations=obligations))
     params = PAYMENT if tool == "payment.execute" else {"contact_id": "c"}
     with pytest.raises(ObligationUnsupported) as caught:
         Dispatcher(catalogue, decider, ToolRegistry(adapter)).call(
-            FACTS, tool, params, operation_id=OPERATION
+            FACTS, tool, params, operation_id=OPERATION, stage=stage or _stage(tool)
         )
     assert adapter.contexts == []  # the tool was never entered
     assert caught.value.code == "obligation_unsupported"
@@ -146,6 +153,21 @@ def test_a_keyed_tool_refuses_any_other_obligations(catalogue, obligations, says
     assert says in message
 
 
+@pytest.mark.parametrize("stage", [Stage.CALL, Stage.DISPATCH])
+def test_a_keyed_tool_needs_its_key_at_every_stage_that_runs_it(catalogue, stage):
+    assert "missing" in refused(catalogue, "payment.execute", [], stage=stage)
+
+
+@pytest.mark.parametrize(
+    "obligations",
+    [[KEY], [Obligation(code="notify_regulator")]],
+    ids=["the key obligation", "an unknown one"],
+)
+def test_a_proposal_refuses_any_obligation(catalogue, obligations):
+    # Proposing runs nothing, so nothing can be obliged: OPA gives no obligation there.
+    refused(catalogue, "payment.execute", obligations, stage=Stage.PROPOSE)
+
+
 @pytest.mark.parametrize(
     "obligations",
     [[KEY], [key_obligation("x")], [Obligation(code="notify_regulator")]],
@@ -168,6 +190,10 @@ def test_required_obligations_follow_the_contract(catalogue):
     ]
     assert required_obligations(catalogue.tools["contact.read"], "op-1") == []
     assert required_obligations(catalogue.tools["quote.propose"], "op-1") == []  # not_idempotent
+    assert required_obligations(keyed, "op-1", Stage.DISPATCH) == required_obligations(
+        keyed, "op-1"
+    )
+    assert required_obligations(keyed, "op-1", Stage.PROPOSE) == []  # nothing runs
 
 
 def test_verify_execute_returns_the_grant_the_adapter_runs_under(catalogue):
@@ -188,13 +214,36 @@ def test_verify_execute_returns_the_grant_the_adapter_runs_under(catalogue):
     assert grant.idempotency_key == OPERATION
     with pytest.raises(ObligationUnsupported):
         verify_execute(catalogue, request, execute_decision(obligations=[]))
+    proposal = request.model_copy(update={"stage": Stage.PROPOSE})
+    grant = verify_execute(catalogue, proposal, execute_decision(obligations=[]))
+    assert grant.idempotency_key is None
 
 
 def test_the_demo_desk_gets_its_key_through_the_whole_path(catalogue):
     desk = SalesDesk()
     decider = ScriptedDecider()  # answers like OPA: the key exactly for keyed tools
     dispatcher = Dispatcher(catalogue, decider, ToolRegistry(desk.tools()))
-    first = dispatcher.call(FACTS, "payment.execute", PAYMENT, operation_id=OPERATION)
-    again = dispatcher.call(FACTS, "payment.execute", PAYMENT, operation_id=OPERATION)
+
+    def dispatch() -> Any:
+        prepared = dispatcher.prepare("payment.execute", PAYMENT)
+        request = dispatcher.execute_input(
+            FACTS, prepared, operation_id=OPERATION, stage=Stage.DISPATCH
+        )
+        authorised = dispatcher.authorise(prepared, request)
+        return dispatcher.run(authorised, account="t@bank", credential=Secret("bank-secret"))
+
+    first, again = dispatch(), dispatch()
     assert first.status is again.status is OutcomeStatus.SUCCESS
     assert first.result == again.result  # the same key: the provider applied it once
+    assert list(desk.payments) == [OPERATION]
+    assert desk.accounts == ["t@bank", "t@bank"]
+
+
+def test_the_demo_desk_refuses_to_write_without_the_gateways_credential(catalogue):
+    desk = SalesDesk()
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry(desk.tools()))
+    outcome = dispatcher.call(
+        FACTS, "payment.execute", PAYMENT, operation_id=OPERATION, stage=Stage.DISPATCH
+    )
+    assert outcome.status is OutcomeStatus.REFUSED
+    assert desk.payments == {}

@@ -16,8 +16,13 @@ import httpx
 import pytest
 
 from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.model.decisions import MAX_PARAMS_DEPTH, ComposeDecision, ExecuteDecision
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import (
+    MAX_PARAMS_DEPTH,
+    ComposeDecision,
+    ExecuteDecision,
+    ReviewDecision,
+)
+from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
@@ -58,8 +63,23 @@ EXECUTE_FACTS: dict[str, Any] = {
         "digest": DIGEST,
         "expires_at": "2026-11-30T12:00:00Z",
         "approved_by": "founder",
+        "used": False,
     },
+    "stage": "dispatch",
+    "proposal": {"id": "pr-17", "status": "approved"},
+    "budget": {"remaining": 40, "cost": 1},
     "evidence": ["current_quote_revision"],
+}
+REVIEW_FACTS: dict[str, Any] = {
+    "reviewer": {"agent": "maria", "role": "sales_manager", "tenant": SECRET},
+    "proposal": {
+        "id": "pr-17",
+        "tenant": SECRET,
+        "tool": "quote.prepare_send",
+        "status": "pending",
+        "proposer": {"agent": "sales-bot", "role": "sales", "tenant": SECRET},
+    },
+    "verdict": "approved",
 }
 
 CATALOGUE = "sha256:" + "cd" * 32
@@ -78,6 +98,7 @@ EXECUTE_RESULT: dict[str, Any] = {
     "obligations": [{"code": "pass_idempotency_key", "params": {"key": "send-017"}}],
     "catalogue_digest": CATALOGUE,
 }
+REVIEW_RESULT: dict[str, Any] = {"allow": True, "reasons": [], "catalogue_digest": CATALOGUE}
 #: OPA 1.22.4's provenance for an embedded OPA: our bundle, and the generated one
 #: that drops decision logs, which has no revision.
 PROVENANCE: dict[str, Any] = {
@@ -134,11 +155,26 @@ def execute_facts() -> ExecuteInput:
     return ExecuteInput.model_validate(EXECUTE_FACTS)
 
 
+def review_facts() -> ReviewInput:
+    return ReviewInput.model_validate(REVIEW_FACTS)
+
+
+#: A well-formed answer to each question.
+RESULTS: dict[str, Any] = {
+    "compose": COMPOSE_RESULT,
+    "execute": EXECUTE_RESULT,
+    "review": REVIEW_RESULT,
+    "digest": CATALOGUE,
+}
+
+
 def ask(client: PolicyClient, question: str) -> object:
     if question == "compose":
         return client.compose(compose_facts())
     if question == "execute":
         return client.execute(execute_facts())
+    if question == "review":
+        return client.review(review_facts())
     if question == "digest":
         return client.catalogue_digest()
     return client.query(COMPOSE_PATH, {"token": SECRET})
@@ -253,7 +289,7 @@ EXECUTE_SHAPE_FAILURES: dict[str, Any] = {
     [*TRANSPORT_FAILURES.values(), *ANSWER_FAILURES.values()],
     ids=[*TRANSPORT_FAILURES, *ANSWER_FAILURES],
 )
-@pytest.mark.parametrize("question", ["compose", "execute", "query"])
+@pytest.mark.parametrize("question", ["compose", "execute", "review", "query"])
 def test_failure_raises_policy_unavailable_without_input(
     handler: Handler, question: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -283,6 +319,31 @@ def test_execute_result_of_wrong_shape_fails_closed(result: dict[str, Any]) -> N
         pytest.raises(PolicyUnavailable, match="capgate/execute/decision") as info,
     ):
         client.execute(execute_facts())
+    assert SECRET not in str(info.value)
+
+
+REVIEW_SHAPE_FAILURES: dict[str, Any] = {
+    "allow_string_true": {**REVIEW_RESULT, "allow": "true"},
+    "allow_int": {**REVIEW_RESULT, "allow": 1},
+    "allow_missing": {"reasons": [], "catalogue_digest": CATALOGUE},
+    "reasons_missing": {"allow": True, "catalogue_digest": CATALOGUE},
+    "reasons_object": {**REVIEW_RESULT, "reasons": {"code": "x"}},
+    "obligations_given": {**REVIEW_RESULT, "obligations": []},
+    "extra_key": {**REVIEW_RESULT, "verdict": "approved"},
+    "sets_decision_id": {**REVIEW_RESULT, "decision_id": "forged"},
+    "sets_bundle_revisions": {**REVIEW_RESULT, "bundle_revisions": {}},
+    "catalogue_digest_missing": {"allow": True, "reasons": []},
+    "catalogue_digest_empty": {**REVIEW_RESULT, "catalogue_digest": ""},
+}
+
+
+@pytest.mark.parametrize("result", REVIEW_SHAPE_FAILURES.values(), ids=REVIEW_SHAPE_FAILURES)
+def test_review_result_of_wrong_shape_fails_closed(result: dict[str, Any]) -> None:
+    with (
+        client_for(answer({"result": result, "decision_id": DECISION_ID})) as client,
+        pytest.raises(PolicyUnavailable, match="capgate/review/decision") as info,
+    ):
+        client.review(review_facts())
     assert SECRET not in str(info.value)
 
 
@@ -390,9 +451,9 @@ def test_obligation_params_up_to_the_depth_limit_are_accepted() -> None:
 # -- provenance: the catalogue digest and bundle revision a decision was made under --
 
 
-@pytest.mark.parametrize("question", ["compose", "execute"])
+@pytest.mark.parametrize("question", ["compose", "execute", "review"])
 def test_a_decision_under_another_catalogue_fails_closed_naming_both(question: str) -> None:
-    result = COMPOSE_RESULT if question == "compose" else EXECUTE_RESULT
+    result = RESULTS[question]
     handler = answer({"result": {**result, "catalogue_digest": OTHER_CATALOGUE}})
     with (
         client_for(handler, expected_catalogue=CATALOGUE) as client,
@@ -404,13 +465,13 @@ def test_a_decision_under_another_catalogue_fails_closed_naming_both(question: s
     assert f"capgate/{question}/decision" in str(info.value)
 
 
-@pytest.mark.parametrize("question", ["compose", "execute"])
+@pytest.mark.parametrize("question", ["compose", "execute", "review"])
 def test_a_decision_under_the_expected_catalogue_carries_its_provenance(question: str) -> None:
-    result = COMPOSE_RESULT if question == "compose" else EXECUTE_RESULT
+    result = RESULTS[question]
     handler = answer({"result": result, "decision_id": DECISION_ID, "provenance": PROVENANCE})
     with client_for(handler, expected_catalogue=CATALOGUE, expected_revision=REVISION) as client:
         decision = ask(client, question)
-    assert isinstance(decision, ComposeDecision | ExecuteDecision)
+    assert isinstance(decision, ComposeDecision | ExecuteDecision | ReviewDecision)
     assert decision.catalogue_digest == CATALOGUE
     assert decision.bundle_revisions == {"/tmp/b": REVISION, "/tmp/no-log": ""}
     assert decision.opa_version == "1.22.4"
@@ -445,11 +506,11 @@ def test_an_answer_without_provenance_has_no_revisions() -> None:
     ],
     ids=["other", "other_beside_pinned", "empty", "no_revision", "no_bundles", "no_provenance"],
 )
-@pytest.mark.parametrize("question", ["compose", "execute", "digest"])
+@pytest.mark.parametrize("question", ["compose", "execute", "review", "digest"])
 def test_a_pinned_revision_must_be_the_only_one_reported(
     bundles: dict[str, Any] | None, question: str
 ) -> None:
-    result: Any = {"compose": COMPOSE_RESULT, "execute": EXECUTE_RESULT}.get(question, CATALOGUE)
+    result: Any = RESULTS[question]
     document: dict[str, Any] = {"result": result}
     if bundles is not None:
         document["provenance"] = {"version": "1.22.4", "bundles": bundles}
@@ -608,6 +669,44 @@ def test_execute_parses_and_attaches_decision_id() -> None:
     sent = json.loads(requests[0].content)["input"]
     assert sent == execute_facts().to_opa()
     assert sent["approval"]["expires_at"] == "2026-11-30T12:00:00Z"
+    assert sent["approval"]["used"] is False
+    assert sent["stage"] == "dispatch"
+    assert sent["budget"] == {"remaining": 40, "cost": 1}
+    assert sent["proposal"] == {"id": "pr-17", "status": "approved"}
+
+
+def test_review_parses_and_attaches_decision_id() -> None:
+    requests: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, json={"decision_id": DECISION_ID, "result": REVIEW_RESULT})
+
+    with client_for(handler, expected_catalogue=CATALOGUE) as client:
+        decision = client.review(review_facts())
+
+    assert isinstance(decision, ReviewDecision)
+    assert decision.allow is True
+    assert decision.decision_id == DECISION_ID
+    assert len(requests) == 1
+    assert requests[0].url.path == "/v1/data/capgate/review/decision"
+    assert requests[0].url.query == b"provenance=true"
+    assert json.loads(requests[0].content) == {"input": review_facts().to_opa()}
+
+
+def test_review_deny_parses() -> None:
+    result = {
+        "allow": False,
+        "reasons": [
+            {"code": "self_review", "message": "m"},
+            {"code": "reviewer_not_permitted", "message": "m"},
+        ],
+        "catalogue_digest": CATALOGUE,
+    }
+    with client_for(answer({"result": result})) as client:
+        decision = client.review(review_facts())
+    assert decision.allow is False
+    assert decision.reason_codes == ["reviewer_not_permitted", "self_review"]
 
 
 def test_deny_parses() -> None:

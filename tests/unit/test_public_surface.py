@@ -4,14 +4,18 @@ import gateway
 from gateway.errors import CapgateError
 
 EXPECTED = {
-    "OPA_URL_ENV", "Adapter", "AgentSession", "Approval", "Call", "CallContext",
-    "CapabilityViolation", "CapgateError", "Catalogue", "CatalogueError", "ComposeDecision",
-    "ComposeInput", "DecisionEvent", "Dispatcher", "ExecuteDecision", "ExecuteInput",
-    "InvalidInput", "OPAProcessError", "Obligation", "ObligationUnsupported", "Outcome",
-    "OutcomeStatus", "PolicyClient", "PolicyDecider", "PolicySidecar", "PolicyUnavailable",
-    "Principal", "Reason", "ResourceRef", "Task", "ToolContract", "ToolFailed",
-    "ToolNotInCatalogue", "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable",
-    "compile_catalogue", "load_catalogue", "params_digest", "__version__",
+    "OPA_URL_ENV", "Adapter", "AgentRequest", "AgentSession", "Approval", "Authorised", "Call",
+    "CallContext", "CapabilityViolation", "CapgateError", "Catalogue", "CatalogueError",
+    "ComposeDecision", "ComposeInput", "ConnectionStatus", "CredentialResolver",
+    "CredentialUnavailable", "DecisionEvent", "Dispatcher", "EnvironmentCredentials",
+    "ExecuteDecision", "ExecuteInput", "Gateway", "InvalidInput", "OPAProcessError",
+    "Obligation", "ObligationUnsupported", "OperationConflict", "Outcome", "OutcomeStatus",
+    "PolicyClient", "PolicyDecider", "PolicySidecar", "PolicyUnavailable", "Prepared",
+    "Principal", "ProposalRecord", "ProposalStatus", "Reason", "ResourceRef", "ReviewDecision",
+    "ReviewRecord", "ReviewVerdict", "Secret", "Stage", "StaticCredentials", "Store",
+    "StoreError", "SupportsLookup", "Task", "ToolContract", "ToolFailed", "ToolNotInCatalogue",
+    "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable", "ToolUnknown",
+    "compile_catalogue", "load_catalogue", "open_store", "params_digest", "__version__",
 }  # fmt: skip
 
 
@@ -32,13 +36,40 @@ def test_error_codes_are_stable_and_unique():
         "CapgateError": "capgate_error",
         "CatalogueError": "catalogue_invalid",
         "InvalidInput": "input_invalid",
+        "OperationConflict": "operation_conflict",
         "PolicyUnavailable": "policy_unavailable",
         "OPAProcessError": "opa_process_failed",
         "CapabilityViolation": "capability_denied",
         "ObligationUnsupported": "obligation_unsupported",
         "ToolNotRegistered": "tool_not_registered",
         "ToolNotInCatalogue": "tool_not_in_catalogue",
+        "CredentialUnavailable": "credential_unavailable",
+        "StoreError": "store_error",
         "ToolFailed": "tool_failed",
+    }
+    assert len(set(codes.values())) == len(codes)
+
+
+def test_the_error_tree_is_the_documented_one():
+    # The tree drawn in gateway/errors.py: catching a parent catches its children.
+    parents = {
+        e.__name__: e.__mro__[1].__name__
+        for e in (getattr(gateway, n) for n in gateway.__all__)
+        if isinstance(e, type) and issubclass(e, CapgateError) and e is not CapgateError
+    }
+    assert parents == {
+        "CatalogueError": "CapgateError",
+        "InvalidInput": "CapgateError",
+        "OperationConflict": "InvalidInput",
+        "PolicyUnavailable": "CapgateError",
+        "OPAProcessError": "PolicyUnavailable",
+        "CapabilityViolation": "CapgateError",
+        "ObligationUnsupported": "CapabilityViolation",
+        "ToolNotRegistered": "CapgateError",
+        "ToolNotInCatalogue": "CapgateError",
+        "CredentialUnavailable": "CapgateError",
+        "StoreError": "CapgateError",
+        "ToolFailed": "CapgateError",
     }
 
 

@@ -1,4 +1,8 @@
-"""Registry lookup order, the parameter digest, and the agent-side helper."""
+"""Registry lookup order, the parameter digest, and the agent-side helper.
+
+The agent-side helper (:class:`AgentSession`) works through a Gateway over a real
+SQLite store (``store`` fixture); a scripted decider stands in for OPA.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,21 @@ from adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
 from gateway.digest import canonical_json, params_digest
-from gateway.dispatch.agent import AgentSession
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
 from gateway.dispatch.transport import CallContext
 from gateway.errors import InvalidInput, ToolFailed, ToolNotInCatalogue
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput
 from gateway.model.outcomes import OutcomeStatus, ToolRefused
-from tests.unit.scripted_decider import compose_decision, execute_decision
+from gateway.service.agent import AgentSession
+from gateway.state.store import Store
+from tests.unit import gateway_support
+from tests.unit.scripted_decider import (
+    ScriptedDecider,
+    compose_decision,
+    execute_decision,
+)
 
 
 class Remote:
@@ -145,6 +155,94 @@ class Decider:
         return execute_decision(decision_id="e-1")
 
 
+def session(store: Store, decider: Any, *adapters: Any) -> AgentSession:
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    gateway = gateway_support.gateway(catalogue, decider, store, *adapters)
+    return AgentSession(gateway, gateway_support.request())
+
+
+def test_prompt_block_with_nothing_visible_says_so(store):
+    assert session(store, Decider([])).available_tools_block() == "AVAILABLE TOOLS: none"
+
+
+def test_prompt_block_uses_the_catalogue_description_not_the_adapter_one(store):
+    block = session(
+        store, Decider(["contact.read"]), Remote("contact.read")
+    ).available_tools_block()
+    assert block.startswith("AVAILABLE TOOLS:\n- contact.read (v1): ")
+    assert "remote description" not in block
+
+
+def test_call_tool_raises_tool_failed_with_the_outcome(store):
+    def refuse(contact_id: str) -> dict[str, Any]:
+        raise ToolRefused("contact was deleted")
+
+    tools = InProcessTools()
+    tools.register("contact.read", "d", refuse)
+    agent = session(store, Decider(["contact.read"]), tools)
+    with pytest.raises(ToolFailed) as caught:
+        agent.call_tool("contact.read", contact_id="c")
+    assert caught.value.code == "tool_failed"
+    assert caught.value.outcome.status is OutcomeStatus.REFUSED
+    assert agent.last_outcome is caught.value.outcome
+
+
+def test_the_session_composes_and_calls_with_the_stores_facts(store):
+    # The session's caller says who, which task and which environment; connections,
+    # budget class, evidence and budget come from the store, at every call.
+    decider = ScriptedDecider(compose_answer=compose_decision(["contact.read"]))
+    tools = InProcessTools()
+    tools.register("contact.read", "d", lambda contact_id: {
+        "contact_id": contact_id, "name": "n", "email": "n@example.test"})  # fmt: skip
+    agent = session(store, decider, tools)
+    assert agent.visible_tools == ["contact.read"]
+    composed = decider.composed[0]
+    assert composed.budget_class == "standard"  # the tenant's, from the store
+    assert composed.connections["crm"] is ConnectionStatus.ACTIVE
+    assert agent.call_tool("contact.read", contact_id="c")["contact_id"] == "c"
+    asked = decider.asked[0]
+    assert asked.stage.value == "call"
+    assert asked.budget is not None
+    assert (asked.budget.remaining, asked.budget.cost) == (None, 0)  # no limit; a free read
+    assert asked.approval is None
+    assert asked.proposal is None
+
+    with store.transaction() as tx:
+        tx.set_connection_status(gateway_support.TENANT, "crm", ConnectionStatus.REVOKED)
+    agent.refresh()
+    assert decider.composed[-1].connections["crm"] is ConnectionStatus.REVOKED
+    agent.call_tool("contact.read", contact_id="c")
+    assert decider.asked[-1].connections["crm"] is ConnectionStatus.REVOKED
+
+
+def test_a_reviewed_tool_is_proposed_not_run(store):
+    decider = ScriptedDecider(compose_answer=compose_decision(["quote.propose"]))
+    ran: list[str] = []
+    tools = InProcessTools()
+    tools.register("quote.record_reviewed", "d", lambda **p: ran.append("run") or {})
+    agent = session(store, decider, tools)
+    answer = agent.call_tool(
+        "quote.propose", opportunity_id="opp-1", amount_cents=100, currency="EUR"
+    )
+    assert answer["status"] == "pending_review"
+    assert answer["tool"] == "quote.propose"
+    assert agent.last_proposal is not None
+    assert answer["proposal_id"] == agent.last_proposal.id
+    assert agent.last_proposal.params == {
+        "opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}  # fmt: skip
+    assert decider.asked[0].stage.value == "propose"
+    assert ran == []
+
+
+def test_the_session_refuses_what_is_not_a_gateway_or_a_request(store):
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    gateway = gateway_support.gateway(catalogue, Decider([]), store)
+    with pytest.raises(InvalidInput, match="Gateway"):
+        AgentSession(Dispatcher(catalogue, Decider([]), ToolRegistry()), gateway_support.request())  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="AgentRequest"):
+        AgentSession(gateway, FACTS)  # type: ignore[arg-type]
+
+
 FACTS = ComposeInput.model_validate(
     {
         "principal": {"agent": "a", "role": "sales", "tenant": "t"},
@@ -153,33 +251,3 @@ FACTS = ComposeInput.model_validate(
         "budget_class": "standard",
     }
 )
-
-
-def session(visible: list[str], registry: ToolRegistry) -> AgentSession:
-    catalogue = load_catalogue(demo_catalogue_dir("sales"))
-    return AgentSession(Dispatcher(catalogue, Decider(visible), registry), FACTS)
-
-
-def test_prompt_block_with_nothing_visible_says_so():
-    assert session([], ToolRegistry()).available_tools_block() == "AVAILABLE TOOLS: none"
-
-
-def test_prompt_block_uses_the_catalogue_description_not_the_adapter_one():
-    registry = ToolRegistry(Remote("contact.read"))
-    block = session(["contact.read"], registry).available_tools_block()
-    assert block.startswith("AVAILABLE TOOLS:\n- contact.read (v1): ")
-    assert "remote description" not in block
-
-
-def test_call_tool_raises_tool_failed_with_the_outcome():
-    def refuse(contact_id: str) -> dict[str, Any]:
-        raise ToolRefused("contact was deleted")
-
-    tools = InProcessTools()
-    tools.register("contact.read", "d", refuse)
-    agent = session(["contact.read"], ToolRegistry(tools))
-    with pytest.raises(ToolFailed) as caught:
-        agent.call_tool("contact.read", contact_id="c")
-    assert caught.value.code == "tool_failed"
-    assert caught.value.outcome.status is OutcomeStatus.REFUSED
-    assert agent.last_outcome is caught.value.outcome

@@ -114,9 +114,7 @@ def test_the_demo_currency_pattern_accepts_exactly_three_capitals(sales, currenc
 
 
 def test_the_demo_currency_pattern_still_accepts_a_currency(sales):
-    outcome, body, _ = run(
-        sales, "quote.propose", PROPOSE, {"proposal_id": "p", "status": "proposed"}
-    )
+    outcome, body, _ = run(sales, "quote.propose", PROPOSE, {"quote_id": "q-1", "revision": 1})
     assert outcome.status is OutcomeStatus.SUCCESS
     assert body.calls == [PROPOSE]
 

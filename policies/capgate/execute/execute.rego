@@ -1,9 +1,12 @@
 # METADATA
 # title: Execute
 # description: |
-#   May this exact call run now? The called tool must be in the catalogue, pass every
-#   compose check (re-derived through capgate.visibility, so a tool hidden at compose
-#   time is never callable) and every call-time check. Query
+#   May this exact call run now, at this stage of its life cycle? The called tool must
+#   be in the catalogue, pass every compose check (re-derived through
+#   capgate.visibility, so a tool hidden at compose time is never callable) and every
+#   call-time check that applies at the stage: a tool that needs no review is called
+#   ("call"); one that does is proposed ("propose", nothing runs) and, once a person
+#   approved it, dispatched ("dispatch") under the facts of that moment. Query
 #   data.capgate.execute.decision.
 # custom:
 #   reason_codes:
@@ -16,9 +19,14 @@
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - stage_invalid
+#     - review_required
 #     - approval_required
 #     - approval_mismatch
 #     - approval_expired
+#     - approval_used
+#     - proposal_not_approved
+#     - budget_exhausted
 #     - evidence_missing
 #     - subject_out_of_scope
 #     - operation_id_missing
@@ -34,7 +42,8 @@ import data.capgate.visibility
 # description: |
 #   {"allow": bool, "reasons": [{"code", "message"}, ...], "obligations": [...],
 #   "catalogue_digest": digest}. Always defined, whatever the input: anything missing
-#   or malformed is a deny with a reason. Obligations are only attached to an allow.
+#   or malformed is a deny with a reason. Obligations are only attached to an allow
+#   at stage "call" or "dispatch", never to a proposal, since nothing runs then.
 #   catalogue_digest is the digest of the catalogue the decision was made under
 #   (capgate.provenance), which the client checks.
 # entrypoint: true
@@ -49,9 +58,14 @@ import data.capgate.visibility
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - stage_invalid
+#     - review_required
 #     - approval_required
 #     - approval_mismatch
 #     - approval_expired
+#     - approval_used
+#     - proposal_not_approved
+#     - budget_exhausted
 #     - evidence_missing
 #     - subject_out_of_scope
 #     - operation_id_missing
@@ -72,7 +86,10 @@ allow if {
 	_is_known_tool
 	visibility.is_visible(_name)
 	_version_matches
+	_stage_fits
 	_approval_satisfied
+	_proposal_satisfied
+	_budget_satisfied
 	_evidence_complete
 	_subject_in_scope
 	_has_idempotency_key
@@ -81,6 +98,7 @@ allow if {
 
 obligations contains {"code": "pass_idempotency_key", "params": {"key": _call.operation_id}} if {
 	allow
+	_stage in _running_stages
 	_needs_idempotency_key
 }
 
@@ -108,8 +126,30 @@ reasons contains {"code": "version_mismatch", "message": message} if {
 	])
 }
 
+reasons contains {"code": "stage_invalid", "message": message} if {
+	_is_known_tool
+	not _stage in _stages
+	message := sprintf(`the call's stage %s is not one of "call", "propose" and "dispatch"`, [_quote(_stage)])
+}
+
+reasons contains {"code": "stage_invalid", "message": message} if {
+	_stage in _review_stages
+	_is_known_tool
+	not _needs_review
+	message := sprintf(`tool %s needs no review, so it is called (stage "call"), never at stage %s`, [
+		_quote(_name),
+		_quote(_stage),
+	])
+}
+
+reasons contains {"code": "review_required", "message": message} if {
+	_stage == "call"
+	_needs_review
+	message := sprintf(`tool %s needs review: propose it (stage "propose"), then dispatch it`, [_quote(_name)])
+}
+
 reasons contains {"code": "approval_required", "message": message} if {
-	_is_approval_checked
+	_is_reviewed_dispatch
 	not _has_approval
 	message := sprintf("tool %s needs an approval of kind %s and the call carries none", [
 		_quote(_name),
@@ -118,7 +158,7 @@ reasons contains {"code": "approval_required", "message": message} if {
 }
 
 reasons contains {"code": "approval_mismatch", "message": message} if {
-	_is_approval_checked
+	_is_reviewed_dispatch
 	_has_approval
 	count(_approval_mismatches) > 0
 	fields := concat(", ", sort(_approval_mismatches))
@@ -126,11 +166,36 @@ reasons contains {"code": "approval_mismatch", "message": message} if {
 }
 
 reasons contains {"code": "approval_expired", "message": message} if {
-	_is_approval_checked
+	_is_reviewed_dispatch
 	_has_approval
 	not _is_approval_unexpired
 	expires_at := _quote(object.get(input.approval, "expires_at", null))
 	message := sprintf("the approval's expiry %s is not an RFC 3339 time later than now", [expires_at])
+}
+
+# An approval allows one dispatch: the gateway marks it used when it dispatches.
+reasons contains {"code": "approval_used", "message": message} if {
+	_is_reviewed_dispatch
+	_has_approval
+	not _is_approval_unused
+	used := _quote(object.get(input.approval, "used", null))
+	message := sprintf("the approval's used is %s, not false: an approval allows one dispatch only", [used])
+}
+
+reasons contains {"code": "proposal_not_approved", "message": message} if {
+	_is_reviewed_dispatch
+	not _is_proposal_approved
+	message := sprintf(_proposal_format, [
+		_quote(object.get(_proposal, "id", null)),
+		_quote(object.get(_proposal, "status", null)),
+	])
+}
+
+reasons contains {"code": "budget_exhausted", "message": _budget_message} if {
+	_is_known_tool
+	_stage in _running_stages
+	not _budget_fits
+	not _is_charge_held
 }
 
 # One reason per required evidence name the call does not bring.
@@ -191,25 +256,30 @@ _version_matches if {
 	_call.version == _contract.version
 }
 
-# approval_required, approval_mismatch, approval_expired. Only "none" exempts a
-# tool; any other (or a missing) approval setting requires an approval.
+# approval_required, approval_mismatch, approval_expired, approval_used and
+# proposal_not_approved: checked when a tool that needs review is dispatched, and
+# only then. A call needs no approval (its tool needs no review, or review_required
+# denies it) and a proposal has none yet.
 
-_is_approval_exempt if _contract.approval == "none"
-
-_is_approval_checked if {
-	_is_known_tool
-	not _is_approval_exempt
+_is_reviewed_dispatch if {
+	_stage == "dispatch"
+	_needs_review
 }
 
 _has_approval if is_object(input.approval)
 
-_approval_satisfied if _is_approval_exempt
+_approval_satisfied if _stage in {"call", "propose"}
 
 _approval_satisfied if {
+	_stage == "dispatch"
 	_has_approval
 	count(_approval_mismatches) == 0
 	_is_approval_unexpired
+	_is_approval_unused
 }
+
+# Exactly false: true, a missing value or any other value reads as used.
+_is_approval_unused if input.approval.used == false
 
 _approval_mismatches contains "kind" if not _approval_kind_matches
 

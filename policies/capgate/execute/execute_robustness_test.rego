@@ -75,8 +75,45 @@ _malformed_cases := {
 	"approval not an object": {"input": object.union(_base, {"approval": "yes"}), "codes": {"approval_required"}},
 	"approval empty": {
 		"input": json.patch(_base, [{"op": "replace", "path": "/approval", "value": {}}]),
-		"codes": {"approval_mismatch", "approval_expired"},
+		"codes": {"approval_mismatch", "approval_expired", "approval_used"},
 	},
+	"approval used a list": {
+		"input": object.union(_base, {"approval": {"used": [false]}}),
+		"codes": {"approval_used"},
+	},
+	"stage a list": {"input": object.union(_base, {"stage": ["dispatch"]}), "codes": {"stage_invalid"}},
+	"stage an object": {"input": object.union(_base, {"stage": {"name": "dispatch"}}), "codes": {"stage_invalid"}},
+	"stage a number": {"input": object.union(_base, {"stage": 3}), "codes": {"stage_invalid"}},
+	"stage empty": {"input": object.union(_base, {"stage": ""}), "codes": {"stage_invalid"}},
+	"proposal not an object": {
+		"input": object.union(_base, {"proposal": "approved"}),
+		"codes": {"proposal_not_approved"},
+	},
+	"proposal a list": {
+		"input": object.union(_base, {"proposal": [{"id": "pr-17", "status": "approved"}]}),
+		"codes": {"proposal_not_approved"},
+	},
+	"proposal status a list": {
+		"input": object.union(_base, {"proposal": {"status": ["approved"]}}),
+		"codes": {"proposal_not_approved"},
+	},
+	"proposal id a number": {
+		"input": object.union(_base, {"proposal": {"id": 17}}),
+		"codes": {"proposal_not_approved"},
+	},
+	"budget not an object": {"input": object.union(_base, {"budget": "plenty"}), "codes": {"budget_exhausted"}},
+	"budget a list": {"input": object.union(_base, {"budget": [10, 1]}), "codes": {"budget_exhausted"}},
+	"budget null": {"input": object.union(_base, {"budget": null}), "codes": {"budget_exhausted"}},
+	"budget remaining an object": {
+		"input": object.union(_base, {"budget": {"remaining": {"units": 10}}}),
+		"codes": {"budget_exhausted"},
+	},
+	"budget remaining true": {
+		"input": object.union(_base, {"budget": {"remaining": true}}),
+		"codes": {"budget_exhausted"},
+	},
+	"budget cost a string": {"input": object.union(_base, {"budget": {"cost": "1"}}), "codes": {"budget_exhausted"}},
+	"budget cost null": {"input": object.union(_base, {"budget": {"cost": null}}), "codes": {"budget_exhausted"}},
 	"expiry not RFC 3339": {
 		"input": object.union(_base, {"approval": {"expires_at": "tomorrow noon"}}),
 		"codes": {"approval_expired"},
@@ -180,20 +217,58 @@ _contract_field_codes := {
 	"connection_alias": {"connection_missing"},
 	"environments": {"environment_restricted"},
 	"cost_class": {"budget_class_exceeded"},
+	"cost": {"budget_exhausted"},
 	"approval": {"approval_mismatch"},
 	"requires": {"evidence_missing"},
 	"subject_type": {"subject_out_of_scope"},
 }
 
-# A contract whose approval setting is unknown still requires an approval.
+# A contract whose approval setting is unknown needs review, and its dispatch an
+# approval.
 test_deny_unknown_approval_setting_requires_approval if {
 	tool := object.union(fixtures_test.catalogue.tools["contact.read"], {"approval": "two_person"})
 	catalogue := object.union(fixtures_test.catalogue, {"tools": {"contact.read": tool}})
-	facts := json.remove(object.union(fixtures_test.execute_input, {"call": {"tool": "contact.read"}}), ["approval"])
+	facts := json.remove(
+		object.union(fixtures_test.execute_input, {"call": {"tool": "contact.read"}, "budget": {"cost": 0}}),
+		["approval"],
+	)
 	decision := execute.decision with input as facts
 		with data.capgate.catalogue as catalogue
 		with time.now_ns as fixtures_test.now_ns
 	fixtures_test.codes(decision.reasons) == {"approval_required"}
+}
+
+# A contract's cost must be a whole number of units, 0 or more; anything else can
+# never be afforded, whatever the call reserves.
+test_deny_contract_cost_malformed if {
+	costs := ["1", 1.5, -1, null, true, [1], {"units": 1}]
+	got := {cost: fixtures_test.codes(decision.reasons) |
+		some cost in costs
+		patch := {"op": "add", "path": "/tools/quote.prepare_send/cost", "value": cost}
+		catalogue := json.patch(fixtures_test.catalogue, [patch])
+		facts := object.union(fixtures_test.execute_input, {"budget": {"cost": cost}})
+		decision := execute.decision with input as facts
+			with data.capgate.catalogue as catalogue
+			with time.now_ns as fixtures_test.now_ns
+	}
+	got == {cost: {"budget_exhausted"} | some cost in costs}
+}
+
+# A free tool with a contract cost of 0 is affordable with nothing left, and a
+# proposal never reads the cost.
+test_allow_cost_zero_and_proposal_without_cost if {
+	free := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"cost": 0})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": free}})
+	facts := object.union(fixtures_test.execute_input, {"budget": {"remaining": 0, "cost": 0}})
+	decision := execute.decision with input as facts
+		with data.capgate.catalogue as catalogue
+		with time.now_ns as fixtures_test.now_ns
+	decision.allow == true
+	no_cost := json.remove(fixtures_test.catalogue, ["tools/quote.prepare_send/cost"])
+	proposed := execute.decision with input as fixtures_test.propose_input
+		with data.capgate.catalogue as no_cost
+		with time.now_ns as fixtures_test.now_ns
+	proposed.allow == true
 }
 
 # A null approval setting is not "none": it needs an approval, and a null kind does
@@ -237,14 +312,21 @@ test_deny_same_approval_after_expiry if {
 # layer alone must deny, so a reason that failed to render never becomes an allow.
 test_deny_positive_checks_deny_without_reasons if {
 	allowed := {note |
-		some note, case in _deny_cases
-		facts := json.remove(object.union(fixtures_test.execute_input, case.patch), object.get(case, "remove", []))
-		execute.allow with input as facts
+		some note, case in _all_deny_cases
+		execute.allow with input as _facts(case)
 			with data.capgate.catalogue as fixtures_test.catalogue
 			with time.now_ns as fixtures_test.now_ns
 			with execute.reasons as set()
 	}
 	allowed == set()
+	malformed := {note |
+		some note, case in _malformed_cases
+		execute.allow with input as case.input
+			with data.capgate.catalogue as fixtures_test.catalogue
+			with time.now_ns as fixtures_test.now_ns
+			with execute.reasons as set()
+	}
+	malformed == set()
 }
 
 test_deny_any_reason_blocks_allow if {

@@ -17,12 +17,26 @@ test_allow_approved_quote_with_idempotency_key if {
 	}
 }
 
-# Allowed calls, each changing the baseline; a case lists the obligation codes it expects.
+# The baseline of each stage (fixtures_test): the quote dispatched once approved, the
+# same quote proposed, and a contact read, called directly.
+_bases := {
+	"dispatch": fixtures_test.execute_input,
+	"propose": fixtures_test.propose_input,
+	"call": fixtures_test.call_input,
+}
+
+# A case's input: its stage's baseline (dispatch unless it names another) with its
+# patch merged in and its removals taken out.
+_facts(case) := json.remove(
+	object.union(_bases[object.get(case, "base", "dispatch")], object.get(case, "patch", {})),
+	object.get(case, "remove", []),
+)
+
+# Allowed calls, each changing a baseline; a case lists the obligation codes it expects.
 test_allow_matrix if {
 	got := {note: fixtures_test.summary(decision) |
 		some note, case in _allow_cases
-		facts := json.remove(object.union(fixtures_test.execute_input, case.patch), object.get(case, "remove", []))
-		decision := execute.decision with input as facts
+		decision := execute.decision with input as _facts(case)
 			with data.capgate.catalogue as fixtures_test.catalogue
 			with time.now_ns as fixtures_test.now_ns
 	}
@@ -31,28 +45,104 @@ test_allow_matrix if {
 	wrong == set()
 }
 
-_oracle_call := {"call": {"tool": "oracle.price", "version": 2, "subject": null}}
+_oracle_call := {"call": {"tool": "oracle.price", "version": 2, "subject": null}, "budget": {"cost": 3}}
+
+# Facts under which finance may pay invoice inv-9; the approval is for that payment.
+_payment := {
+	"principal": {"role": "finance"},
+	"task": {"type": "invoice_payment", "linked_resources": [{"type": "invoice", "id": "inv-9"}]},
+	"connections": {"bank": "active"},
+	"budget_class": "unlimited",
+	"call": {"tool": "payment.execute", "version": 3, "subject": {"type": "invoice", "id": "inv-9"}},
+	"approval": {"tool": "payment.execute"},
+	"budget": {"cost": 20, "remaining": 500},
+	"evidence": ["invoice_verified"],
+}
 
 _allow_cases := {
-	"pure function: no approval, evidence, subject or connection needed": {
-		"patch": object.union(_oracle_call, {"evidence": []}),
-		"remove": ["approval", "connections"],
+	# stage call: a tool that needs no review.
+	"call: read on a linked subject": {
+		"base": "call",
 		"obligations": set(),
 	},
-	"approval present but not required is ignored": {
-		"patch": object.union(_oracle_call, {"approval": {"digest": "sha256:bad", "expires_at": "yesterday"}}),
+	"call: pure function, no approval, evidence, subject or connection needed": {
+		"base": "call",
+		"patch": _oracle_call,
+		"remove": ["connections"],
 		"obligations": set(),
 	},
-	"approval null where none is required": {
+	"call: an approval is not checked": {
+		"base": "call",
+		"patch": object.union(_oracle_call, {"approval": {"digest": "sha256:bad", "expires_at": "yesterday", "used": true}}),
+		"obligations": set(),
+	},
+	"call: approval null": {
+		"base": "call",
 		"patch": object.union(_oracle_call, {"approval": null}),
 		"obligations": set(),
 	},
-	"read on a linked subject": {
-		"patch": {"call": {"tool": "contact.read"}},
-		"remove": ["approval"],
+	"call: a proposal is not checked": {
+		"base": "call",
+		"patch": {"proposal": {"id": "pr-1", "status": "rejected"}},
 		"obligations": set(),
 	},
-	"subject among several linked resources": {
+	"call: budget without a limit": {
+		"base": "call",
+		"patch": object.union(_oracle_call, {"budget": {"remaining": null}}),
+		"obligations": set(),
+	},
+	"call: budget holding exactly the cost": {
+		"base": "call",
+		"patch": object.union(_oracle_call, {"budget": {"remaining": 3}}),
+		"obligations": set(),
+	},
+	"call: a free tool with nothing left": {
+		"base": "call",
+		"patch": {"budget": {"remaining": 0}},
+		"obligations": set(),
+	},
+	# stage propose: nothing runs, so neither approval nor budget is checked.
+	"propose: the quote": {
+		"base": "propose",
+		"obligations": set(),
+	},
+	"propose: a used, expired approval is not checked": {
+		"base": "propose",
+		"patch": {"approval": object.union(fixtures_test.execute_input.approval, {
+			"used": true,
+			"expires_at": "2026-11-30T10:00:00Z",
+		})},
+		"obligations": set(),
+	},
+	"propose: an exhausted budget is not checked": {
+		"base": "propose",
+		"patch": {"budget": {"remaining": 0, "cost": 1}},
+		"obligations": set(),
+	},
+	"propose: a malformed budget is not checked": {
+		"base": "propose",
+		"patch": {"budget": "plenty"},
+		"obligations": set(),
+	},
+	"propose: a payment, a write that needs approval": {
+		"base": "propose",
+		"patch": _payment,
+		"obligations": set(),
+	},
+	# stage dispatch: an approved proposal, its approval fresh and unused.
+	"dispatch: a payment, a write that needs approval": {
+		"patch": _payment,
+		"obligations": set(),
+	},
+	"dispatch: budget without a limit": {
+		"patch": {"budget": {"remaining": null}},
+		"obligations": {"pass_idempotency_key"},
+	},
+	"dispatch: budget holding exactly the cost": {
+		"patch": {"budget": {"remaining": 1}},
+		"obligations": {"pass_idempotency_key"},
+	},
+	"dispatch: subject among several linked resources": {
 		"patch": {
 			"call": {"subject": {"id": "opp-18"}},
 			"task": {"linked_resources": [
@@ -63,46 +153,48 @@ _allow_cases := {
 		},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"expiry with a time zone offset, later than now": {
+	"dispatch: expiry with a time zone offset, later than now": {
 		"patch": {"approval": {"expires_at": "2026-11-30T13:30:00+02:00"}},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"expiry one second after now": {
+	"dispatch: expiry one second after now": {
 		"patch": {"approval": {"expires_at": "2026-11-30T11:00:01Z"}},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"expiry with lower-case t and z, as RFC 3339 allows": {
+	"dispatch: expiry with lower-case t and z, as RFC 3339 allows": {
 		"patch": {"approval": {"expires_at": "2026-11-30t11:00:01z"}},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"expiry with a fraction of a second": {
+	"dispatch: expiry with a fraction of a second": {
 		"patch": {"approval": {"expires_at": "2026-11-30T11:00:00.25Z"}},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"extra evidence is harmless": {
+	"dispatch: extra evidence is harmless": {
 		"patch": {"evidence": ["current_quote_revision", "verified_recipient", "other"]},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"needs names the tool": {
+	"dispatch: needs names the tool": {
 		"patch": {"task": {"needs": ["quote.prepare_send"]}},
 		"obligations": {"pass_idempotency_key"},
 	},
-	"staging": {
+	"dispatch: staging": {
 		"patch": {"environment": "staging"},
 		"obligations": {"pass_idempotency_key"},
 	},
 }
 
-# One fact changed per case; each case asserts the exact set of codes.
+# One fact changed per case; each case asserts the exact set of codes. The cases of
+# the life-cycle checks are in execute_life_cycle_test.rego.
+_all_deny_cases := object.union(_deny_cases, _life_cycle_deny_cases)
+
 test_deny_matrix if {
 	got := {note: fixtures_test.summary(decision) |
-		some note, case in _deny_cases
-		facts := json.remove(object.union(fixtures_test.execute_input, case.patch), object.get(case, "remove", []))
-		decision := execute.decision with input as facts
+		some note, case in _all_deny_cases
+		decision := execute.decision with input as _facts(case)
 			with data.capgate.catalogue as fixtures_test.catalogue
 			with time.now_ns as fixtures_test.now_ns
 	}
-	want := {note: {"allow": false, "codes": case.codes, "obligations": set()} | some note, case in _deny_cases}
+	want := {note: {"allow": false, "codes": case.codes, "obligations": set()} | some note, case in _all_deny_cases}
 	wrong := {note | some note, summary in got; summary != want[note]}
 	wrong == set()
 }
@@ -148,7 +240,7 @@ _deny_cases := {
 		"patch": {"connections": {"sales_mailbox": "disabled"}},
 		"codes": {"tool_not_enabled_for_tenant"},
 	},
-	"connection revoked": {
+	"connection revoked since the proposal": {
 		"patch": {"connections": {"sales_mailbox": "revoked"}},
 		"codes": {"connection_revoked"},
 	},
@@ -160,74 +252,7 @@ _deny_cases := {
 		"patch": {"budget_class": "frugal"},
 		"codes": {"budget_class_exceeded"},
 	},
-	"approval missing": {
-		"remove": ["approval"],
-		"codes": {"approval_required"},
-	},
-	"approval null": {
-		"patch": {"approval": null},
-		"codes": {"approval_required"},
-	},
-	"approval for other content": {
-		"patch": {"approval": {"digest": fixtures_test.other_digest}},
-		"codes": {"approval_mismatch"},
-	},
-	"call content changed after approval": {
-		"patch": {"call": {"params_digest": fixtures_test.other_digest}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval of another kind": {
-		"patch": {"approval": {"kind": "content_only"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval kind null": {
-		"patch": {"approval": {"kind": null}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval for another tool": {
-		"patch": {"approval": {"tool": "contact.read"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval for another operation": {
-		"patch": {"approval": {"operation_id": "send-018"}},
-		"codes": {"approval_mismatch"},
-	},
-	"same approval replayed under a new operation id": {
-		"patch": {"call": {"operation_id": "send-099"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval without an operation id": {
-		"remove": ["approval/operation_id"],
-		"codes": {"approval_mismatch"},
-	},
-	"approval given to another tenant": {
-		"patch": {"approval": {"tenant": "globex"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval used by another tenant": {
-		"patch": {"principal": {"tenant": "globex"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval and call digests both malformed": {
-		"patch": {"approval": {"digest": "sha256:x"}, "call": {"params_digest": "sha256:x"}},
-		"codes": {"approval_mismatch"},
-	},
-	"approval and call digests both missing": {
-		"remove": ["approval/digest", "call/params_digest"],
-		"codes": {"approval_mismatch"},
-	},
-	"approval expired": {
-		"patch": {"approval": {"expires_at": "2026-11-30T10:59:59Z"}},
-		"codes": {"approval_expired"},
-	},
-	"approval expiring exactly now": {
-		"patch": {"approval": {"expires_at": "2026-11-30T11:00:00Z"}},
-		"codes": {"approval_expired"},
-	},
-	"approval expired by its time zone": {
-		"patch": {"approval": {"expires_at": "2026-11-30T12:30:00+02:00"}},
-		"codes": {"approval_expired"},
-	},
+	# Evidence, subject and idempotency key, at every stage.
 	"no evidence": {
 		"patch": {"evidence": []},
 		"codes": {"evidence_missing"},
@@ -256,6 +281,7 @@ _deny_cases := {
 		"codes": {"subject_out_of_scope"},
 	},
 	"operation id missing": {
+		"base": "propose",
 		"remove": ["call/operation_id"],
 		"codes": {"operation_id_missing"},
 	},
@@ -264,7 +290,11 @@ _deny_cases := {
 		"codes": {"operation_id_missing"},
 	},
 	"a payment by a sales agent": {
-		"patch": {"call": {"tool": "payment.execute", "version": 3}, "approval": {"tool": "payment.execute"}},
+		"patch": {
+			"call": {"tool": "payment.execute", "version": 3},
+			"approval": {"tool": "payment.execute"},
+			"budget": {"cost": 20, "remaining": 500},
+		},
 		"codes": {
 			"role_not_granted",
 			"not_needed_by_task",
@@ -274,12 +304,29 @@ _deny_cases := {
 			"subject_out_of_scope",
 		},
 	},
+	"everything the gateway supplies is stale": {
+		"patch": {
+			"connections": {"sales_mailbox": "revoked"},
+			"approval": {"expires_at": "2026-11-30T10:00:00Z", "used": true},
+			"proposal": {"status": "blocked"},
+			"budget": {"remaining": 0},
+			"evidence": [],
+		},
+		"codes": {
+			"connection_revoked",
+			"approval_expired",
+			"approval_used",
+			"proposal_not_approved",
+			"budget_exhausted",
+			"evidence_missing",
+		},
+	},
 }
 
-# Every reason code of docs/policy-interface.md (and operation_id_missing) is asserted
-# exactly by at least one case of the deny matrix.
+# Every reason code of docs/reason-codes.md for execute is asserted exactly by at
+# least one case of the deny matrix.
 test_deny_matrix_covers_every_code if {
-	covered := union({case.codes | some case in _deny_cases})
+	covered := union({case.codes | some case in _all_deny_cases})
 	covered == {
 		"unknown_tool",
 		"version_mismatch",
@@ -290,9 +337,14 @@ test_deny_matrix_covers_every_code if {
 		"connection_revoked",
 		"environment_restricted",
 		"budget_class_exceeded",
+		"stage_invalid",
+		"review_required",
 		"approval_required",
 		"approval_mismatch",
 		"approval_expired",
+		"approval_used",
+		"proposal_not_approved",
+		"budget_exhausted",
 		"evidence_missing",
 		"subject_out_of_scope",
 		"operation_id_missing",

@@ -1,8 +1,8 @@
 # METADATA
 # title: Provenance
 # description: |
-#   What every decision was made under, for the compose and execute decisions to
-#   carry. The client compares it with the catalogue it loaded and refuses a decision
+#   What every decision was made under, for the compose, execute and review decisions
+#   to carry. The client compares it with the catalogue it loaded and refuses a decision
 #   made under any other, so an OPA restarted with another bundle behind the same
 #   address is not obeyed.
 package capgate.provenance

@@ -4,6 +4,7 @@ import data.capgate.compose
 import data.capgate.execute
 import data.capgate.fixtures_test
 import data.capgate.provenance
+import data.capgate.review
 
 test_allow_catalogue_digest_is_read_from_data if {
 	provenance.catalogue_digest == fixtures_test.digest with data.capgate.catalogue as fixtures_test.catalogue
@@ -18,10 +19,10 @@ test_deny_catalogue_digest_missing_or_malformed_is_null if {
 	}
 }
 
-# Both decisions carry the digest of the catalogue they were made under, whatever
-# the input, so the client can check every single one.
-test_allow_both_decisions_carry_the_catalogue_digest if {
-	inputs := [fixtures_test.execute_input, {}, "not an object"]
+# Every decision carries the digest of the catalogue it was made under, whatever the
+# input, so the client can check every single one.
+test_allow_every_decision_carries_the_catalogue_digest if {
+	inputs := [fixtures_test.execute_input, fixtures_test.review_input, {}, "not an object"]
 	every facts in inputs {
 		composed := compose.decision with input as facts with data.capgate.catalogue as fixtures_test.catalogue
 		composed.catalogue_digest == fixtures_test.digest
@@ -29,6 +30,8 @@ test_allow_both_decisions_carry_the_catalogue_digest if {
 			with data.capgate.catalogue as fixtures_test.catalogue
 			with time.now_ns as fixtures_test.now_ns
 		executed.catalogue_digest == fixtures_test.digest
+		reviewed := review.decision with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+		reviewed.catalogue_digest == fixtures_test.digest
 	}
 }
 
@@ -40,4 +43,12 @@ test_allow_the_digest_follows_the_catalogue_served if {
 		with data.capgate.catalogue as other
 		with time.now_ns as fixtures_test.now_ns
 	executed.catalogue_digest == fixtures_test.other_digest
+	reviewed := review.decision with input as fixtures_test.review_input with data.capgate.catalogue as other
+	reviewed.catalogue_digest == fixtures_test.other_digest
+}
+
+test_deny_review_without_catalogue_has_null_digest if {
+	decision := review.decision with input as fixtures_test.review_input with data.capgate.catalogue as {}
+	decision.catalogue_digest == null
+	decision.allow == false
 }

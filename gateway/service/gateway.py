@@ -1,0 +1,1260 @@
+"""The gateway: the one source of every fact that grants, and the life cycle around OPA.
+
+A caller says who is asking, the task, the environment and the call; nothing more.
+Connection status, budget, evidence, approvals and operation history are read from
+the :class:`~gateway.state.store.Store` at decision time and sent to OPA as input,
+so no caller can assert them. Every step that changes the world asks OPA again,
+with the facts as they are at that moment::
+
+    agent ──call──▶ needs review? ──no──▶ call (execute, stage "call") ──▶ run
+                        │yes
+                        ▼
+                    propose (execute, stage "propose") ──▶ proposal: pending
+    reviewer ──review──▶ (review decision) ──▶ approved / rejected
+    service ──dispatch──▶ (execute, stage "dispatch", current facts) ──▶ run
+                                   └─ deny ──▶ proposal blocked, nothing sent
+
+Each step is one store transaction, and the ledger gets a row for every compose,
+decision, proposal, review, intent and outcome. An operation's *intent* is written
+(with its budget reserved) before its tool runs, so a crash between run and record
+leaves a ``running`` operation that :meth:`Gateway.reconcile` (or the next attempt,
+once the lease is over) turns into ``unknown``; retrying an ``unknown`` operation
+first asks the adapter's lookup for a receipt, and sends again only if there is none
+(LOOKUP_BEFORE_RETRY). The same operation id with the same call returns the first
+outcome; with another call it is an :class:`~gateway.errors.OperationConflict`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Final, NoReturn, Protocol
+
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.dispatch.dispatcher import (
+    Authorised,
+    DecisionEvent,
+    Dispatcher,
+    PolicyDecider,
+    policy_revision,
+)
+from gateway.dispatch.registry import ToolRegistry
+from gateway.dispatch.transport import Secret, SupportsLookup
+from gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    InvalidInput,
+    OperationConflict,
+    PolicyUnavailable,
+    quote,
+)
+from gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from gateway.model.decisions import ComposeDecision, Reason, ReviewDecision
+from gateway.model.facts import (
+    Approval,
+    Budget,
+    ComposeInput,
+    ConnectionStatus,
+    Identifier,
+    OperationState,
+    Principal,
+    ProposalRef,
+    ReviewInput,
+    Stage,
+    Task,
+)
+from gateway.model.outcomes import Outcome, OutcomeStatus
+from gateway.service.credentials import CredentialResolver, NoCredentials
+from gateway.service.requests import AgentRequest
+from gateway.state.errors import DuplicateOperation, UnknownProposal, UnknownTenant
+from gateway.state.records import (
+    ConnectionRecord,
+    LedgerEntry,
+    OperationRecord,
+    OperationStatus,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    ReviewVerdict,
+)
+from gateway.state.store import Store, Tx
+
+__all__ = ["Gateway", "ReviewPolicy"]
+
+log = logging.getLogger("capgate.service")
+
+#: How long an approval stays good for its one dispatch, unless the reviewer says.
+DEFAULT_APPROVAL_TTL: Final = timedelta(hours=24)
+#: The longest an approval may be given for: a year. Longer is a mistake (and far
+#: enough out, an expiry the calendar cannot hold).
+MAX_APPROVAL_TTL: Final = timedelta(days=366)
+#: How long a running operation is left alone before it may be reconciled or taken
+#: over: a gateway process that died mid-run leaves its operation ``running`` until
+#: then. A live gateway renews the lease every third of it while the tool runs.
+DEFAULT_LEASE: Final = timedelta(minutes=5)
+#: How long a duplicate of a running operation waits for its outcome.
+DEFAULT_DUPLICATE_WAIT: Final = 10.0
+
+#: Outcomes after which an operation may be tried again.
+_UNSETTLED: Final = (OutcomeStatus.RETRYABLE, OutcomeStatus.UNKNOWN)
+#: Checks an operation id as the policy input will (see _operation_id).
+_IDENTIFIER: Final = TypeAdapter(Identifier)
+#: Messages of the refusals found after OPA's allow, while claiming the operation.
+_REFUSALS: Final = {
+    "budget_exhausted": "another call spent the budget first; nothing was run",
+    "approval_used": "a concurrent dispatch used the approval first; nothing was sent",
+    "proposal_not_approved": "the proposal is no longer approved; nothing was sent",
+}
+
+
+class _Leases:
+    """Renews the leases of the operations this gateway is running, from one thread.
+
+    Every lease/3 the thread extends each held operation's lease by a whole lease,
+    if that attempt still owns it. One thread per gateway, started on first use and
+    gone again once nothing is held, so an idle gateway keeps no thread.
+    """
+
+    def __init__(self, store: Store, lease: timedelta) -> None:
+        self._store = store
+        self._lease = lease
+        self._held: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def held(self, operation: OperationRecord) -> Iterator[None]:
+        key = (operation.tenant, operation.operation_id)
+        with self._lock:
+            self._held[key] = operation.attempts
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._renew_forever, name="capgate-leases", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(key, None)
+
+    def _renew_forever(self) -> None:
+        interval = max(self._lease.total_seconds() / 3, 0.01)
+        while not self._wake.wait(interval):
+            with self._lock:
+                held = dict(self._held)
+                if not held:  # nothing runs: stop; the next held() starts a new thread
+                    self._thread = None
+                    return
+            for (tenant, operation_id), attempts in held.items():
+                try:
+                    self._renew(tenant, operation_id, attempts)
+                except CapgateError as exc:  # the next beat tries again; the run goes on
+                    log.warning("could not renew the lease of operation=%s: %s", operation_id, exc)
+                except Exception as exc:  # never let the renewing thread die
+                    log.warning(
+                        "could not renew the lease of operation=%s (%s)",
+                        operation_id,
+                        type(exc).__name__,
+                    )
+
+    def _renew(self, tenant: str, operation_id: str, attempts: int) -> None:
+        with self._store.transaction() as tx:
+            current = tx.get_operation(tenant, operation_id, for_update=True)
+            if (
+                current is None
+                or current.status is not OperationStatus.RUNNING
+                or current.attempts != attempts
+            ):
+                return  # finished, or taken over: not ours to renew
+            tx.update_operation(
+                tenant,
+                operation_id,
+                status=OperationStatus.RUNNING,
+                outcome=None,
+                attempts=attempts,
+                lease_until=tx.now + self._lease,
+            )
+
+
+class _Refused(Exception):
+    """Raised inside a claim's transaction (rolling it back) with the reason code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Lost(Exception):
+    """Raised inside a transaction (rolling it back) when a concurrent claim of the
+    same operation, or a concurrent review of the same proposal, committed first."""
+
+
+class ReviewPolicy(PolicyDecider, Protocol):
+    """A policy decider that also answers the review question (``PolicyClient`` does)."""
+
+    def review(self, facts: ReviewInput) -> ReviewDecision: ...
+
+
+class Gateway:
+    """The stateful front: store-backed facts, the life cycle, the ledger.
+
+    ``policy`` is normally a :class:`~gateway.opa.client.PolicyClient`; ``registry``
+    holds the adapters; ``store`` the state (see :func:`gateway.state.open_store`);
+    ``credentials`` resolves a connection's secret at dispatch only.
+    """
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        policy: ReviewPolicy,
+        registry: ToolRegistry,
+        store: Store,
+        *,
+        credentials: CredentialResolver | None = None,
+        approval_ttl: timedelta = DEFAULT_APPROVAL_TTL,
+        lease: timedelta = DEFAULT_LEASE,
+        duplicate_wait: float = DEFAULT_DUPLICATE_WAIT,
+        observer: Callable[[DecisionEvent], None] | None = None,
+    ) -> None:
+        self.catalogue = catalogue
+        self.policy = policy
+        self.store = store
+        self.credentials: CredentialResolver = credentials or NoCredentials()
+        self.approval_ttl = approval_ttl
+        self.lease = lease
+        self.duplicate_wait = duplicate_wait
+        self.dispatcher = Dispatcher(catalogue, policy, registry, observer=observer)
+        self._leases = _Leases(store, lease)
+
+    # -- the facts ---------------------------------------------------------------------
+
+    def compose_facts(self, request: AgentRequest) -> ComposeInput:
+        """The compose input: the request's facts plus the tenant's, from the store now."""
+        request = _request(request)
+        with self.store.transaction(read_only=True) as tx:
+            return self._compose_facts(tx, request.principal, request.task, request.environment)
+
+    def _compose_facts(
+        self, tx: Tx, principal: Principal, task: Task, environment: str
+    ) -> ComposeInput:
+        tenant = tx.get_tenant(principal.tenant)
+        if tenant is None:
+            raise UnknownTenant(principal.tenant)
+        connections = {alias: c.status for alias, c in tx.connections(principal.tenant).items()}
+        return ComposeInput(
+            principal=principal,
+            task=task,
+            connections=connections,
+            environment=environment,
+            budget_class=tenant.budget_class,
+        )
+
+    # -- compose -----------------------------------------------------------------------
+
+    def compose(self, request: AgentRequest) -> ComposeDecision:
+        """Which tools may this agent see now? Connection state is read from the store."""
+        request = _request(request)
+        facts = self.compose_facts(request)
+        decision = self.dispatcher.compose(facts)
+        self._append(
+            LedgerEntry(
+                kind="compose",
+                tenant=request.tenant,
+                principal=_who(request.principal),
+                decision_id=decision.decision_id,
+                policy_revision=policy_revision(decision.bundle_revisions),
+                outcome="composed",
+                detail={"task": request.task_id, "visible": sorted(decision.visible)},
+            )
+        )
+        return decision
+
+    # -- call and propose ----------------------------------------------------------------
+
+    def call(
+        self,
+        request: AgentRequest,
+        tool: str,
+        params: dict[str, Any],
+        *,
+        operation_id: str | None = None,
+    ) -> Outcome | ProposalRecord:
+        """Call ``tool``: run it now, or, when its calls are reviewed, propose it.
+
+        Returns the Outcome of a run, or the pending ProposalRecord. Raises the
+        dispatcher's errors (InvalidInput, PolicyUnavailable, CapabilityViolation,
+        ToolNotRegistered), OperationConflict, CredentialUnavailable or a StoreError,
+        all before the tool is entered; once it has been entered the answer is always
+        an Outcome.
+        """
+        request = _request(request)
+        operation_id = _operation_id(operation_id)
+        prepared = self.dispatcher.prepare(tool, params)
+        contract = prepared.contract
+        stage = Stage.PROPOSE if contract is not None and contract.needs_review else Stage.CALL
+        with self.store.transaction(read_only=True) as tx:
+            facts = self._compose_facts(tx, request.principal, request.task, request.environment)
+            evidence = tx.evidence(request.tenant, request.task_id)
+            budget = tx.budget(request.tenant, request.task_id)
+            operation = _operation_state(tx.get_operation(request.tenant, operation_id))
+        cost = contract.cost_units if contract is not None else 0
+        execute = self.dispatcher.execute_input(
+            facts,
+            prepared,
+            operation_id=operation_id,
+            stage=stage,
+            evidence=evidence,
+            budget=Budget(remaining=budget.remaining, cost=cost) if stage is Stage.CALL else None,
+            operation=operation if stage is Stage.CALL else None,
+        )
+        authorised = self._authorise(prepared, execute, request.principal, None)
+        if stage is Stage.PROPOSE:
+            return self._propose(authorised, request)
+        return self._execute(authorised, request.task_id, proposal=None, review=None)
+
+    def _propose(self, authorised: Authorised, request: AgentRequest) -> ProposalRecord:
+        contract = authorised.contract
+        with self.store.transaction() as tx:
+            proposal = ProposalRecord(
+                id=f"prop-{uuid.uuid4().hex[:20]}",
+                tenant=request.tenant,
+                task_id=request.task_id,
+                proposer=request.principal,
+                environment=request.environment,
+                task=request.task.model_dump(mode="json"),
+                tool=contract.name,
+                contract_version=contract.version,
+                execution_action=contract.dispatch_action,
+                params=authorised.prepared.params,
+                params_digest=authorised.prepared.digest,
+                operation_id=authorised.operation_id,
+                decision_id=authorised.decision_id,
+                status=ProposalStatus.PENDING,
+                created_at=tx.now,
+                updated_at=tx.now,
+            )
+            # An id some call already used would only collide at dispatch, after a
+            # person reviewed the proposal: refuse it now.
+            used = tx.get_operation(request.tenant, authorised.operation_id)
+            if used is not None and (used.tool, used.params_digest) != (
+                proposal.tool,
+                proposal.params_digest,
+            ):
+                raise OperationConflict(
+                    f"operation {quote(authorised.operation_id)} was used for another call "
+                    "(tool or parameters differ); use a new operation id"
+                )
+            try:
+                stored = tx.insert_proposal(proposal)
+            except DuplicateOperation:
+                stored = None
+            if stored is None:
+                existing = tx.proposal_for_operation(request.tenant, authorised.operation_id)
+                if existing is None or (existing.tool, existing.params_digest) != (
+                    proposal.tool,
+                    proposal.params_digest,
+                ):
+                    raise OperationConflict(
+                        f"operation {quote(authorised.operation_id)} was already proposed "
+                        "with other parameters"
+                    ) from None
+                return existing
+            tx.append(
+                self._entry(
+                    "proposal",
+                    authorised,
+                    proposal_id=stored.id,
+                    outcome=stored.status.value,
+                    detail={"task": request.task_id, "params_digest": stored.params_digest},
+                )
+            )
+        log.info(
+            "proposed tool=%s proposal=%s operation=%s decision=%s",
+            contract.name,
+            stored.id,
+            stored.operation_id,
+            stored.decision_id,
+        )
+        return stored
+
+    # -- review -------------------------------------------------------------------------
+
+    def review(
+        self,
+        proposal_id: str,
+        reviewer: Principal,
+        verdict: ReviewVerdict | str,
+        *,
+        ttl: timedelta | None = None,
+    ) -> ReviewRecord:
+        """A reviewer approves or rejects a pending proposal, if OPA says they may.
+
+        Raises UnknownProposal, CapabilityViolation (the review policy's reasons,
+        e.g. self_review or reviewer_not_permitted) or PolicyUnavailable; an approval
+        binds the proposal's digest, operation and tenant and expires after ``ttl``.
+        """
+        if not isinstance(reviewer, Principal):
+            raise InvalidInput(f"reviewer must be a Principal, not a {type(reviewer).__name__}")
+        try:
+            verdict = ReviewVerdict(verdict)
+        except ValueError:
+            raise InvalidInput(
+                f"verdict {quote(str(verdict), 40)} is not 'approved' or 'rejected'"
+            ) from None
+        ttl = self.approval_ttl if ttl is None else ttl
+        if not isinstance(ttl, timedelta):
+            raise InvalidInput(f"ttl must be a timedelta or None, not a {type(ttl).__name__}")
+        if ttl <= timedelta(0) or ttl > MAX_APPROVAL_TTL:
+            raise InvalidInput(
+                f"an approval's time to live must be positive and at most "
+                f"{MAX_APPROVAL_TTL.days} days"
+            )
+        proposal = self._proposal(proposal_id)
+        facts = ReviewInput.model_validate(
+            {
+                "reviewer": reviewer,
+                "proposal": {
+                    "id": proposal.id,
+                    "tenant": proposal.tenant,
+                    "tool": proposal.tool,
+                    "status": proposal.status.value,
+                    "proposer": proposal.proposer,
+                },
+                "verdict": verdict.value,
+            }
+        )
+        decision = _ask_review(self.policy, facts)
+        entry = LedgerEntry(
+            kind="review",
+            tenant=proposal.tenant,
+            principal=_who(reviewer),
+            tool=proposal.tool,
+            contract_version=proposal.contract_version,
+            operation_id=proposal.operation_id,
+            proposal_id=proposal.id,
+            decision_id=decision.decision_id,
+            policy_revision=policy_revision(decision.bundle_revisions),
+        )
+        if not decision.allow or decision.reasons:
+            self._append(
+                entry.model_copy(
+                    update={"outcome": "refused", "reason_codes": decision.reason_codes}
+                )
+            )
+            if decision.allow:  # an allow with reasons contradicts itself: refuse it
+                raise PolicyUnavailable("OPA returned an inconsistent review allow")
+            raise CapabilityViolation(
+                f"review of {proposal.tool}", decision.reasons, decision_id=decision.decision_id
+            )
+        contract = self.catalogue.tools.get(proposal.tool)
+        kind = contract.approval.value if contract is not None else "none"
+        try:
+            record = self._record_review(proposal, reviewer, verdict, kind, ttl, decision, entry)
+        except _Lost:
+            # Another review got there first: this one was decided on stale facts. It is
+            # recorded like any refusal, then refused.
+            self._append(
+                entry.model_copy(
+                    update={
+                        "outcome": "refused",
+                        "reason_codes": ["proposal_not_pending"],
+                        "detail": {"after_allow": True},
+                    }
+                )
+            )
+            raise CapabilityViolation(
+                f"review of {proposal.tool}",
+                [Reason(code="proposal_not_pending", message="the proposal is no longer pending")],
+                decision_id=decision.decision_id,
+            ) from None
+        log.info("review proposal=%s verdict=%s by=%s", proposal.id, verdict.value, _who(reviewer))
+        return record
+
+    def _record_review(
+        self,
+        proposal: ProposalRecord,
+        reviewer: Principal,
+        verdict: ReviewVerdict,
+        kind: str,
+        ttl: timedelta,
+        decision: ReviewDecision,
+        entry: LedgerEntry,
+    ) -> ReviewRecord:
+        """In one transaction: the review, the proposal's new status, the ledger row;
+        _Lost if the proposal is no longer pending."""
+        with self.store.transaction() as tx:
+            current = tx.get_proposal(proposal.id, for_update=True)
+            if current is None or current.status is not ProposalStatus.PENDING:
+                raise _Lost
+            record = tx.insert_review(
+                ReviewRecord(
+                    id=f"rev-{uuid.uuid4().hex[:20]}",
+                    proposal_id=proposal.id,
+                    reviewer=reviewer,
+                    verdict=verdict,
+                    kind=kind,
+                    tenant=proposal.tenant,
+                    tool=proposal.tool,
+                    operation_id=proposal.operation_id,
+                    digest=proposal.params_digest,
+                    expires_at=tx.now + ttl,
+                    decision_id=decision.decision_id,
+                    created_at=tx.now,
+                )
+            )
+            status = (
+                ProposalStatus.APPROVED
+                if verdict is ReviewVerdict.APPROVED
+                else ProposalStatus.REJECTED
+            )
+            tx.update_proposal(proposal.id, status=status, reason_codes=[])
+            tx.append(
+                entry.model_copy(update={"outcome": status.value, "detail": {"review": record.id}})
+            )
+        return record
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def dispatch(self, proposal_id: str) -> Outcome:
+        """Run a reviewed proposal, asking OPA first with the facts as they are now.
+
+        A deny (connection revoked, approval expired or used, content altered, the
+        contract or the role changed, budget spent...) sends nothing, records why and
+        marks an approved proposal blocked, then raises CapabilityViolation (a pending
+        one stays pending: it was dispatched before its review). Dispatching a
+        proposal that was dispatched already returns its operation's outcome.
+        """
+        proposal = self._proposal(proposal_id)
+        if proposal.status is ProposalStatus.DISPATCHED:
+            # Dispatched before: a final outcome is returned as it is; an unknown or
+            # retryable one continues the same operation (asked again below, then
+            # looked up before anything is sent again).
+            previous = self._operation(proposal.tenant, proposal.operation_id)
+            if previous is not None and previous.outcome is not None:
+                outcome = Outcome.model_validate(previous.outcome)
+                if outcome.status not in _UNSETTLED:
+                    return outcome
+        review = _latest_approval(self.store, proposal.id)
+        contract = self.catalogue.tools.get(proposal.tool)
+        with self.store.transaction(read_only=True) as tx:
+            task = Task.model_validate(proposal.task)
+            facts = self._compose_facts(tx, proposal.proposer, task, proposal.environment)
+            evidence = tx.evidence(proposal.tenant, proposal.task_id)
+            budget = tx.budget(proposal.tenant, proposal.task_id)
+            operation = _operation_state(tx.get_operation(proposal.tenant, proposal.operation_id))
+        # The stored parameters, hashed again now: content altered since the approval
+        # gives another digest, and OPA denies it as approval_mismatch.
+        prepared = self.dispatcher.prepare(proposal.tool, proposal.params)
+        execute = self.dispatcher.execute_input(
+            facts,
+            prepared,
+            operation_id=proposal.operation_id,
+            stage=Stage.DISPATCH,
+            approval=_approval_fact(review, proposal),
+            evidence=evidence,
+            budget=Budget(remaining=budget.remaining, cost=contract.cost_units if contract else 0),
+            operation=operation,
+            proposal=ProposalRef(id=proposal.id, status=proposal.status.value),
+        )
+        # The version that was proposed and approved, not the catalogue's of today: a
+        # contract changed since the review is denied by OPA (version_mismatch).
+        execute = execute.model_copy(
+            update={"call": execute.call.model_copy(update={"version": proposal.contract_version})}
+        )
+        try:
+            authorised = self._authorise(prepared, execute, proposal.proposer, proposal.id)
+        except CapabilityViolation as denial:
+            self._block(proposal, denial.reason_codes, denial.decision_id, denial.revision)
+            raise
+        return self._execute(authorised, proposal.task_id, proposal=proposal, review=review)
+
+    def _block(
+        self,
+        proposal: ProposalRecord,
+        codes: list[str],
+        decision_id: str | None,
+        revision: str | None = None,
+    ) -> None:
+        """Block an approved proposal whose dispatch was denied. A pending one is left
+        pending: dispatched before its review, it was early, not overtaken by events,
+        and blocking it would make it impossible to review."""
+        with self.store.transaction() as tx:
+            current = tx.get_proposal(proposal.id, for_update=True)
+            if current is None or current.status is not ProposalStatus.APPROVED:
+                return
+            tx.update_proposal(proposal.id, status=ProposalStatus.BLOCKED, reason_codes=codes)
+            tx.append(
+                LedgerEntry(
+                    kind="dispatch",
+                    tenant=proposal.tenant,
+                    principal=_who(proposal.proposer),
+                    tool=proposal.tool,
+                    contract_version=proposal.contract_version,
+                    operation_id=proposal.operation_id,
+                    proposal_id=proposal.id,
+                    decision_id=decision_id,
+                    policy_revision=revision,
+                    outcome=ProposalStatus.BLOCKED.value,
+                    reason_codes=codes,
+                )
+            )
+        log.info("blocked proposal=%s reasons=%s", proposal.id, ",".join(codes))
+
+    # -- running an authorised operation ---------------------------------------------------
+
+    def _authorise(
+        self,
+        prepared: Any,
+        execute: Any,
+        principal: Principal,
+        proposal_id: str | None,
+    ) -> Authorised:
+        """Ask and verify; a deny or a refusal is recorded in the ledger, then raised."""
+        try:
+            return self.dispatcher.authorise(prepared, execute)
+        except CapabilityViolation as denial:
+            self._append(
+                LedgerEntry(
+                    kind="decision",
+                    tenant=principal.tenant,
+                    principal=_who(principal),
+                    tool=prepared.tool,
+                    contract_version=prepared.contract.version if prepared.contract else None,
+                    operation_id=execute.call.operation_id,
+                    proposal_id=proposal_id,
+                    decision_id=denial.decision_id,
+                    policy_revision=denial.revision,
+                    outcome="deny",
+                    reason_codes=denial.reason_codes,
+                    detail={"stage": execute.stage.value},
+                )
+            )
+            raise
+        except PolicyUnavailable as failure:
+            self._append(
+                LedgerEntry(
+                    kind="decision",
+                    tenant=principal.tenant,
+                    principal=_who(principal),
+                    tool=prepared.tool,
+                    operation_id=execute.call.operation_id,
+                    proposal_id=proposal_id,
+                    outcome="policy_unavailable",
+                    reason_codes=[failure.code],
+                    detail={"stage": execute.stage.value},
+                )
+            )
+            raise
+
+    def _execute(
+        self,
+        authorised: Authorised,
+        task_id: str,
+        *,
+        proposal: ProposalRecord | None,
+        review: ReviewRecord | None,
+    ) -> Outcome:
+        """Record the intent, run (or look up), record the outcome: see the module doc."""
+        account, secret = self._credential(authorised)
+        deadline = time.monotonic() + self.duplicate_wait
+        while True:
+            try:
+                claim = self._claim(authorised, task_id, proposal, review)
+            except _Refused as refused:
+                self._refuse(authorised, proposal, refused.reason)
+            except _Lost:
+                claim = None  # a concurrent claim of this operation won: wait for it
+            if isinstance(claim, Outcome):
+                return claim
+            if claim is not None:
+                break
+            if time.monotonic() >= deadline:
+                return _outcome(
+                    authorised,
+                    OutcomeStatus.RETRYABLE,
+                    error="the same operation is running elsewhere; ask again for its outcome",
+                    retry_after_seconds=1.0,
+                )
+            time.sleep(0.05)
+        operation = claim
+        outcome: Outcome | None = None
+        # The lease is renewed while this process runs the operation, so a duplicate
+        # elsewhere waits for it however long the tool takes; only a runner that
+        # died (and stopped renewing) leaves it to be taken over or reconciled.
+        with self._leases.held(operation):
+            if operation.attempts > 1:  # an earlier attempt may have had its effect
+                outcome = self._lookup(authorised, account, secret)
+            if outcome is None:
+                outcome = self.dispatcher.run(authorised, account=account, credential=secret)
+        self._finish(
+            authorised,
+            operation,
+            outcome,
+            task_id,
+            proposal_id=proposal.id if proposal else None,
+        )
+        return outcome
+
+    def _credential(self, authorised: Authorised) -> tuple[str | None, Secret | None]:
+        """The connection's account (from the store) and secret (from the resolver)."""
+        alias = authorised.contract.connection_alias
+        if alias is None:
+            return None, None
+        tenant = authorised.request.principal.tenant
+        with self.store.transaction(read_only=True) as tx:
+            connection: ConnectionRecord | None = tx.connections(tenant).get(alias)
+        account = connection.account if connection is not None else None
+        return account, self.credentials.resolve(tenant, alias)
+
+    def _claim(
+        self,
+        authorised: Authorised,
+        task_id: str,
+        proposal: ProposalRecord | None,
+        review: ReviewRecord | None,
+    ) -> OperationRecord | Outcome | None:
+        """In one transaction: own the operation (intent + budget), or say why not.
+
+        Returns the operation this caller now runs (its ``reserved`` says whether
+        this attempt holds a reservation of the cost), the outcome the operation
+        already has (a finished duplicate, or an unknown that cannot be retried
+        safely), or None while another caller is running it. Raises _Refused when
+        the budget has no room or the approval was consumed by a concurrent dispatch.
+        """
+        contract = authorised.contract
+        tenant = authorised.request.principal.tenant
+        op_id = authorised.operation_id
+        digest = authorised.prepared.digest
+        cost = contract.cost_units
+        with self.store.transaction() as tx:
+            existing = tx.get_operation(tenant, op_id, for_update=True)
+            if existing is not None and (existing.tool, existing.params_digest) != (
+                contract.name,
+                digest,
+            ):
+                raise OperationConflict(
+                    f"operation {quote(op_id)} was used for another call (tool or parameters "
+                    "differ); use a new operation id"
+                )
+            lease_until = tx.now + self.lease
+            if existing is None:
+                fits = tx.reserve_budget(tenant, task_id, cost)
+                # reserve_budget locked the tenant's row, as every claim of the tenant
+                # does. On PostgreSQL a concurrent claim of this id that had not
+                # committed at the read above has committed now, and this statement
+                # sees it: this claim lost the race. _Lost rolls back what it did (the
+                # reservation) and the caller waits for the winner's outcome.
+                if tx.get_operation(tenant, op_id) is not None:
+                    raise _Lost
+                if not fits:
+                    raise _Refused("budget_exhausted")
+                if proposal is not None:
+                    self._start_dispatch(tx, authorised, proposal, review)
+                operation = tx.insert_operation(
+                    tenant,
+                    op_id,
+                    tool=contract.name,
+                    params_digest=digest,
+                    cost=cost,
+                    task_id=task_id,
+                    lease_until=lease_until,
+                )
+                if operation is None:  # pragma: no cover - the tenant row lock prevents it
+                    raise _Lost
+            else:
+                if existing.status is OperationStatus.RUNNING:
+                    if existing.lease_until is not None and existing.lease_until > tx.now:
+                        return None  # someone is running it: wait for their outcome
+                    # Its runner died mid-run: the effect may have happened.
+                    previous = _stopped(existing, contract)
+                    reserved = True  # the dead runner's reservation is still held
+                else:
+                    previous = Outcome.model_validate(existing.outcome or {})
+                    reserved = False
+                if not self._may_try_again(previous, authorised):
+                    if reserved:  # the dead runner's: settle it as a reconcile would
+                        if existing.reserved:
+                            tx.settle_budget(tenant, existing.task_id, existing.cost, spent=True)
+                        tx.update_operation(
+                            tenant,
+                            op_id,
+                            status=OperationStatus.DONE,
+                            outcome=previous.model_dump(mode="json"),
+                            attempts=existing.attempts,
+                            lease_until=None,
+                            reserved=False,
+                        )
+                    tx.append(
+                        self._entry(
+                            "duplicate",
+                            authorised,
+                            proposal_id=proposal.id if proposal else None,
+                            outcome=previous.status.value,
+                        )
+                    )
+                    return previous
+                # One operation, one charge. A retryable outcome cost nothing (its
+                # reservation was released), so this attempt reserves anew. An unknown
+                # one was charged when it was recorded: the attempt that continues it
+                # (looking it up first) reserves nothing, and holds no reservation
+                # for a reconcile to charge again if it dies too. A takeover keeps the
+                # dead runner's reservation, whatever it was.
+                if existing.status is OperationStatus.RUNNING:
+                    holds = existing.reserved
+                elif previous.status is OutcomeStatus.RETRYABLE:
+                    if not tx.reserve_budget(tenant, task_id, cost):
+                        raise _Refused("budget_exhausted")
+                    holds = True
+                else:
+                    holds = False
+                operation = tx.update_operation(
+                    tenant,
+                    op_id,
+                    status=OperationStatus.RUNNING,
+                    outcome=None,
+                    attempts=existing.attempts + 1,
+                    lease_until=lease_until,
+                    reserved=holds,
+                )
+            tx.append(
+                self._entry(
+                    "intent",
+                    authorised,
+                    proposal_id=proposal.id if proposal else None,
+                    outcome="running",
+                    detail={"attempt": operation.attempts, "cost": cost},
+                )
+            )
+        return operation
+
+    def _may_try_again(self, previous: Outcome, authorised: Authorised) -> bool:
+        """Whether a finished operation may run again.
+
+        Retryable means nothing happened: yes. Unknown means it may have: only when
+        a repeat cannot do it twice, because the adapter can look the operation up
+        first or the contract says repeating is safe. Success and refused are final.
+        """
+        if previous.status is OutcomeStatus.RETRYABLE:
+            return True
+        if previous.status is not OutcomeStatus.UNKNOWN:
+            return False
+        return _can_look_up(authorised) or (
+            authorised.contract.idempotency is not Idempotency.NOT_IDEMPOTENT
+        )
+
+    def _start_dispatch(
+        self,
+        tx: Tx,
+        authorised: Authorised,
+        proposal: ProposalRecord,
+        review: ReviewRecord | None,
+    ) -> None:
+        """Consume the approval and mark the proposal dispatched, once, atomically."""
+        current = tx.get_proposal(proposal.id, for_update=True)
+        if current is None or current.status is not ProposalStatus.APPROVED:
+            raise _Refused("proposal_not_approved")
+        if review is None or not tx.consume_review(review.id):
+            raise _Refused("approval_used")
+        tx.update_proposal(proposal.id, status=ProposalStatus.DISPATCHED, reason_codes=[])
+        tx.append(
+            self._entry(
+                "dispatch",
+                authorised,
+                proposal_id=proposal.id,
+                outcome=ProposalStatus.DISPATCHED.value,
+                detail={"review": review.id, "action": authorised.action},
+            )
+        )
+
+    def _refuse(
+        self, authorised: Authorised, proposal: ProposalRecord | None, code: str
+    ) -> NoReturn:
+        """Record a refusal found while claiming (after OPA's allow), then raise it."""
+        reason = Reason(code=code, message=_REFUSALS[code])
+        if proposal is not None and code != "proposal_not_approved":
+            self._block(proposal, [code], authorised.decision_id, authorised.revision)
+        self._append(
+            self._entry(
+                "decision",
+                authorised,
+                proposal_id=proposal.id if proposal else None,
+                outcome="deny",
+                reason_codes=[code],
+                detail={"stage": authorised.request.stage.value, "after_allow": True},
+            )
+        )
+        raise CapabilityViolation(
+            authorised.contract.name, [reason], decision_id=authorised.decision_id
+        )
+
+    def _lookup(
+        self, authorised: Authorised, account: str | None, secret: Secret | None
+    ) -> Outcome | None:
+        """LOOKUP_BEFORE_RETRY: the outcome of what an earlier attempt did, if found."""
+        adapter = authorised.adapter
+        if not isinstance(adapter, SupportsLookup) or not _can_look_up(authorised):
+            return None
+        from gateway.dispatch.transport import CallContext
+
+        context = CallContext(
+            operation_id=authorised.operation_id,
+            idempotency_key=authorised.grant.idempotency_key,
+            connection_alias=authorised.contract.connection_alias,
+            tenant=authorised.request.principal.tenant,
+            account=account,
+            credential=secret,
+        )
+        try:
+            found = adapter.lookup(authorised.action, authorised.operation_id, context)
+        except Exception as exc:  # an adapter's lookup failing must not send twice
+            return _outcome(
+                authorised,
+                OutcomeStatus.UNKNOWN,
+                error=f"lookup failed ({type(exc).__name__}); not sent again",
+                recovery=authorised.contract.recovery,
+            )
+        if found is None:
+            return None
+        outcome = self.dispatcher.found(authorised, found)
+        log.info(
+            "lookup found operation=%s status=%s", authorised.operation_id, outcome.status.value
+        )
+        return outcome
+
+    def _finish(
+        self,
+        authorised: Authorised,
+        operation: OperationRecord,
+        outcome: Outcome,
+        task_id: str,
+        *,
+        proposal_id: str | None,
+    ) -> None:
+        contract = authorised.contract
+        tenant = authorised.request.principal.tenant
+        # An unknown outcome may have cost money: count it. Refused and retryable did not.
+        # An attempt that holds no reservation continues an operation charged before
+        # (an unknown one): it settles nothing, so nothing is charged twice.
+        spent = outcome.status in (OutcomeStatus.SUCCESS, OutcomeStatus.UNKNOWN)
+        with self.store.transaction() as tx:
+            # A run that outlasted its lease may have been reconciled meanwhile (its
+            # reservation settled as spent) or taken over by a new attempt. Then this
+            # attempt settles nothing; what it learned is still recorded: over a
+            # reconciled "unknown", and in the ledger in any case.
+            current = tx.get_operation(tenant, operation.operation_id, for_update=True)
+            taken_over = current is None or current.attempts != operation.attempts
+            late = taken_over or current is None or current.status is not OperationStatus.RUNNING
+            holds = not late and current is not None and current.reserved
+            if not taken_over:
+                tx.update_operation(
+                    tenant,
+                    operation.operation_id,
+                    status=OperationStatus.DONE,
+                    outcome=outcome.model_dump(mode="json"),
+                    attempts=operation.attempts,
+                    lease_until=None,
+                    reserved=False,
+                )
+            if holds:
+                tx.settle_budget(tenant, task_id, operation.cost, spent=spent)
+            if outcome.status is OutcomeStatus.SUCCESS:
+                for name in contract.produces:
+                    tx.record_evidence(
+                        tenant, task_id, name, source=f"operation:{operation.operation_id}"
+                    )
+            tx.append(
+                self._entry(
+                    "outcome",
+                    authorised,
+                    proposal_id=proposal_id,
+                    outcome=outcome.status.value,
+                    detail={
+                        "attempt": operation.attempts,
+                        "receipt": outcome.provider_receipt,
+                        "produced": list(contract.produces)
+                        if outcome.status is OutcomeStatus.SUCCESS
+                        else [],
+                        **({"after_lease": True} if late else {}),
+                    },
+                )
+            )
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def reconcile(self) -> list[OperationRecord]:
+        """Turn operations whose runner died mid-run into ``unknown``; return them.
+
+        A ``running`` operation past its lease may or may not have had its effect:
+        its outcome becomes ``unknown`` with the contract's recovery procedure, the
+        budget its attempt reserved (if any) counts as spent, and the ledger records
+        it. The next attempt of the operation looks it up before sending anything.
+
+        Each operation is settled in a transaction of its own, and only if it is still
+        running and past its lease once its row is locked: another gateway
+        reconciling at the same time, or a new attempt that took the operation over
+        meanwhile, got there first.
+        """
+        reconciled = []
+        with self.store.transaction(read_only=True) as tx:
+            candidates = tx.stale_operations()
+        for candidate in candidates:
+            with self.store.transaction() as tx:
+                stale = tx.get_operation(candidate.tenant, candidate.operation_id, for_update=True)
+                if (
+                    stale is None
+                    or stale.status is not OperationStatus.RUNNING
+                    or stale.lease_until is None
+                    or stale.lease_until >= tx.now
+                ):
+                    continue
+                contract = self.catalogue.tools.get(stale.tool)
+                outcome = Outcome(
+                    tool=stale.tool,
+                    version=contract.version if contract else 1,
+                    operation_id=stale.operation_id,
+                    status=OutcomeStatus.UNKNOWN,
+                    error="the gateway stopped while the operation ran",
+                    recovery=contract.recovery if contract else "lookup_before_retry",
+                )
+                record = tx.update_operation(
+                    stale.tenant,
+                    stale.operation_id,
+                    status=OperationStatus.DONE,
+                    outcome=outcome.model_dump(mode="json"),
+                    attempts=stale.attempts,
+                    lease_until=None,
+                    reserved=False,
+                )
+                if stale.reserved:  # a continuation of an unknown was charged before
+                    tx.settle_budget(stale.tenant, stale.task_id, stale.cost, spent=True)
+                tx.append(
+                    LedgerEntry(
+                        kind="outcome",
+                        tenant=stale.tenant,
+                        tool=stale.tool,
+                        operation_id=stale.operation_id,
+                        outcome=OutcomeStatus.UNKNOWN.value,
+                        reason_codes=["reconciled"],
+                        detail={"attempt": stale.attempts},
+                    )
+                )
+                reconciled.append(record)
+        for record in reconciled:
+            log.warning(
+                "reconciled operation=%s tool=%s as unknown", record.operation_id, record.tool
+            )
+        return reconciled
+
+    # -- operators -----------------------------------------------------------------------
+
+    def revoke_connection(self, tenant: str, alias: str, *, by: str) -> ConnectionRecord:
+        """Revoke a connection: its tools vanish from the next compose, and every
+        queued proposal that acts through it is blocked (``connection_revoked``)."""
+        return self._set_connection(tenant, alias, ConnectionStatus.REVOKED, by=by)
+
+    def restore_connection(self, tenant: str, alias: str, *, by: str) -> ConnectionRecord:
+        """Make a revoked or disabled connection active again (blocked proposals stay
+        blocked: their facts changed, so they must be proposed again)."""
+        return self._set_connection(tenant, alias, ConnectionStatus.ACTIVE, by=by)
+
+    def _set_connection(
+        self, tenant: str, alias: str, status: ConnectionStatus, *, by: str
+    ) -> ConnectionRecord:
+        with self.store.transaction() as tx:
+            record = tx.set_connection_status(tenant, alias, status)
+            blocked: list[str] = []
+            if status is not ConnectionStatus.ACTIVE:
+                for queued in [
+                    *tx.list_proposals(tenant=tenant, status=ProposalStatus.PENDING),
+                    *tx.list_proposals(tenant=tenant, status=ProposalStatus.APPROVED),
+                ]:
+                    contract = self.catalogue.tools.get(queued.tool)
+                    if contract is not None and contract.connection_alias == alias:
+                        code = (
+                            "connection_revoked"
+                            if status is ConnectionStatus.REVOKED
+                            else "tool_not_enabled_for_tenant"
+                        )
+                        tx.update_proposal(
+                            queued.id, status=ProposalStatus.BLOCKED, reason_codes=[code]
+                        )
+                        blocked.append(queued.id)
+                        # Under the proposal too, so its own ledger says why it stopped.
+                        tx.append(
+                            LedgerEntry(
+                                kind="dispatch",
+                                tenant=tenant,
+                                principal=by,
+                                tool=queued.tool,
+                                contract_version=queued.contract_version,
+                                operation_id=queued.operation_id,
+                                proposal_id=queued.id,
+                                outcome=ProposalStatus.BLOCKED.value,
+                                reason_codes=[code],
+                                detail={"alias": alias},
+                            )
+                        )
+            tx.append(
+                LedgerEntry(
+                    kind="connection",
+                    tenant=tenant,
+                    principal=by,
+                    outcome=status.value,
+                    detail={"alias": alias, "account": record.account, "blocked": blocked},
+                )
+            )
+        log.info("connection tenant=%s alias=%s status=%s by=%s", tenant, alias, status.value, by)
+        return record
+
+    # -- small helpers -------------------------------------------------------------------
+
+    def _proposal(self, proposal_id: str) -> ProposalRecord:
+        if not isinstance(proposal_id, str):
+            raise InvalidInput(f"a proposal id is a string, not a {type(proposal_id).__name__}")
+        with self.store.transaction(read_only=True) as tx:
+            proposal = tx.get_proposal(proposal_id)
+        if proposal is None:
+            raise UnknownProposal(proposal_id)
+        return proposal
+
+    def _operation(self, tenant: str, operation_id: str) -> OperationRecord | None:
+        with self.store.transaction(read_only=True) as tx:
+            return tx.get_operation(tenant, operation_id)
+
+    def _append(self, entry: LedgerEntry) -> None:
+        with self.store.transaction() as tx:
+            tx.append(entry)
+
+    def _entry(self, kind: str, authorised: Authorised, **fields: Any) -> LedgerEntry:
+        principal = authorised.request.principal
+        return LedgerEntry(
+            kind=kind,
+            tenant=principal.tenant,
+            principal=_who(principal),
+            tool=authorised.contract.name,
+            contract_version=authorised.contract.version,
+            operation_id=authorised.operation_id,
+            decision_id=authorised.decision_id,
+            policy_revision=authorised.revision,
+            **fields,
+        )
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _request(request: object) -> AgentRequest:
+    if not isinstance(request, AgentRequest):
+        raise InvalidInput(f"request must be an AgentRequest, not a {type(request).__name__}")
+    return request
+
+
+def _operation_id(operation_id: object) -> str:
+    if operation_id is None:
+        return f"op-{uuid.uuid4()}"
+    if not isinstance(operation_id, str):
+        raise InvalidInput(
+            f"operation_id must be a string or None, not a {type(operation_id).__name__}"
+        )
+    # Checked here, not only by the execute input: the dispatcher reads an empty id as
+    # "none given" and makes up a fresh one, which would silently turn every retry of
+    # the caller's operation into a new operation.
+    try:
+        return str(_IDENTIFIER.validate_python(operation_id))
+    except ValidationError:
+        raise InvalidInput(
+            f"operation_id {quote(operation_id)} is not an identifier (1 to 128 of "
+            "A-Z a-z 0-9 _ . : / -, starting with a letter or digit)"
+        ) from None
+
+
+def _who(principal: Principal) -> str:
+    return f"{principal.agent}/{principal.role}"
+
+
+def _ask_review(policy: ReviewPolicy, facts: ReviewInput) -> ReviewDecision:
+    try:
+        decision = policy.review(facts)
+    except CapgateError:
+        raise
+    except Exception as exc:
+        raise PolicyUnavailable(
+            f"the policy decider failed on review ({type(exc).__name__}); failing closed"
+        ) from exc
+    if not isinstance(decision, ReviewDecision):
+        raise PolicyUnavailable("the policy answered review with something else")
+    return decision
+
+
+def _latest_approval(store: Store, proposal_id: str) -> ReviewRecord | None:
+    with store.transaction(read_only=True) as tx:
+        approvals = [r for r in tx.reviews(proposal_id) if r.verdict is ReviewVerdict.APPROVED]
+    return approvals[-1] if approvals else None
+
+
+def _approval_fact(review: ReviewRecord | None, proposal: ProposalRecord) -> Approval | None:
+    """The approval as OPA sees it. ``used`` means consumed by anything but this very
+    operation: a dispatched proposal whose outcome was unknown is continued, not
+    approved twice (the approval binds its one operation id)."""
+    if review is None:
+        return None
+    return Approval(
+        kind=review.kind,
+        tool=review.tool,
+        operation_id=review.operation_id,
+        tenant=review.tenant,
+        digest=review.digest,
+        expires_at=review.expires_at,
+        approved_by=review.reviewer.agent,
+        used=review.consumed_at is not None and proposal.status is not ProposalStatus.DISPATCHED,
+    )
+
+
+def _operation_state(record: OperationRecord | None) -> OperationState:
+    """The store's state of an operation id, as the execute policy reads it."""
+    if record is None:
+        return OperationState(status="none")
+    if record.status is OperationStatus.RUNNING or record.outcome is None:
+        return OperationState(status="running")
+    status = Outcome.model_validate(record.outcome).status
+    return OperationState(status=status.value)
+
+
+def _can_look_up(authorised: Authorised) -> bool:
+    adapter = authorised.adapter
+    try:
+        return isinstance(adapter, SupportsLookup) and bool(adapter.has_lookup(authorised.action))
+    except Exception:  # an adapter that cannot say: no lookup
+        return False
+
+
+def _stopped(operation: OperationRecord, contract: ToolContract) -> Outcome:
+    """The outcome of an operation whose runner stopped mid-run: unknown."""
+    return Outcome(
+        tool=operation.tool,
+        version=contract.version,
+        operation_id=operation.operation_id,
+        status=OutcomeStatus.UNKNOWN,
+        error="the gateway stopped while the operation ran",
+        recovery=contract.recovery,
+    )
+
+
+def _outcome(authorised: Authorised, status: OutcomeStatus, **fields: Any) -> Outcome:
+    contract = authorised.contract
+    return Outcome(
+        tool=contract.name,
+        version=contract.version,
+        operation_id=authorised.operation_id,
+        status=status,
+        decision_id=authorised.decision_id,
+        **fields,
+    )
