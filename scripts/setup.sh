@@ -6,7 +6,10 @@
 #   3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
 #      tests/integration/test_packaging.py can install the built wheel offline;
 #   4. the system programs the integration tests start for real: the PostgreSQL
-#      server binaries (installed from Debian's packages when missing and run as root).
+#      server binaries (installed from Debian's packages when missing and run as root);
+#   5. the real MCP servers the upstream tests run as peers, at the versions pinned in
+#      scripts/versions.env, in .tools/mcp-peers (npm packages with `npm install
+#      --prefix`, PyPI packages in their own venv .tools/mcp-peers/venv).
 #
 #   scripts/setup.sh          set up whatever is missing or stale
 #   scripts/setup.sh --check  change nothing; exit 0 when all of it is up to date
@@ -235,5 +238,61 @@ has_postgres() {
   command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
 need_program "PostgreSQL server binaries" postgresql has_postgres
+
+# 5. MCP peers: servers nobody here wrote, from the registries, run offline by the tests.
+# The stamp holds the pins they were installed at; it lands only after both installs
+# succeed, so a failed install never looks complete. Node.js (npm) is needed for two.
+# shellcheck source=scripts/versions.env
+source scripts/versions.env
+peers="$root/.tools/mcp-peers"
+peers_want="@modelcontextprotocol/server-everything@$MCP_SERVER_EVERYTHING_VERSION
+@modelcontextprotocol/server-filesystem@$MCP_SERVER_FILESYSTEM_VERSION
+mcp-server-time==$MCP_SERVER_TIME_VERSION
+mcp-server-git==$MCP_SERVER_GIT_VERSION"
+
+# shellcheck disable=SC2317 # called indirectly, by run_step
+install_mcp_peers() { # python, peers folder, npm package..., --, pip requirement...
+  local python="$1" dest="$2"
+  shift 2
+  local npm_packages=()
+  while [ "$1" != "--" ]; do
+    npm_packages+=("$1")
+    shift
+  done
+  shift
+  rm -f "$dest/.installed"
+  mkdir -p "$dest"
+  npm install --prefix "$dest" --no-audit --no-fund --save-exact "${npm_packages[@]}"
+  rm -rf "$dest/venv"
+  "$python" -m venv "$dest/venv"
+  "$dest/venv/bin/python" -m pip install --progress-bar off "$@"
+}
+export -f install_mcp_peers
+
+peers_present() {
+  [ "$(cat "$peers/.installed" 2>/dev/null || true)" = "$peers_want" ] &&
+    [ -x "$peers/node_modules/.bin/mcp-server-everything" ] &&
+    [ -x "$peers/node_modules/.bin/mcp-server-filesystem" ] &&
+    [ -x "$peers/venv/bin/mcp-server-time" ] &&
+    [ -x "$peers/venv/bin/mcp-server-git" ]
+}
+
+if peers_present; then
+  echo "setup: MCP peers are up to date"
+elif [ "$mode" = check ]; then
+  echo "setup: MCP peers are not installed at their pins (.tools/mcp-peers)"
+  stale=1
+elif ! command -v npm >/dev/null; then
+  echo "setup: npm missing: install Node.js 18 or newer with npm, then run set-up again" >&2
+  exit 1
+else
+  run_step "installing the MCP peers (server-everything, server-filesystem, time, git)" \
+    "installed the MCP peers in .tools/mcp-peers" "$logs/mcp-peers.log" \
+    install_mcp_peers "$python" "$peers" \
+    "@modelcontextprotocol/server-everything@$MCP_SERVER_EVERYTHING_VERSION" \
+    "@modelcontextprotocol/server-filesystem@$MCP_SERVER_FILESYSTEM_VERSION" -- \
+    "mcp-server-time==$MCP_SERVER_TIME_VERSION" "mcp-server-git==$MCP_SERVER_GIT_VERSION"
+  echo "$peers_want" >"$peers/.installed"
+fi
 
 exit "$stale"

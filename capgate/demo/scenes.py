@@ -8,10 +8,17 @@ twice, a secret in the ledger), so it is a smoke test as well as a show.
 Each scene runs a gateway over a fresh SQLite store in a temporary folder: the
 connections, budgets, evidence and approvals the gateway decides with come from
 that store, never from the demo's own calls.
+
+oracle-grove runs twice: in-process, then with the oracle served by an MCP server
+(``python -m capgate.demo.oracle_server``, the same oracle function), whose tool
+definition a reviewer accepts first. The second run must draw the byte-identical
+omen and record the same events (decisions, outcomes, ledger rows) as the first.
+With ``MCP_ORACLE=1`` the first run is over MCP too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,14 +28,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.in_process import InProcessTools
+from adapters.mcp.config import servers_from_env
+from adapters.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
+from capgate.demo.oracle_server import ORACLE_SERVER_ID, oracle_server_spec
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
 from gateway.dispatch.dispatcher import DecisionEvent
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation
-from gateway.model.contracts import Catalogue
+from gateway.model.contracts import Catalogue, UpstreamRef
 from gateway.model.facts import ConnectionStatus, Principal
 from gateway.model.outcomes import OutcomeStatus
 from gateway.opa.sidecar import PolicySidecar
@@ -37,9 +47,10 @@ from gateway.service.credentials import StaticCredentials
 from gateway.service.gateway import Gateway
 from gateway.service.requests import AgentRequest
 from gateway.state import open_store
-from gateway.state.records import ProposalRecord, ProposalStatus
+from gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
+from gateway.state.store import Store
 
-__all__ = ["run_demo"]
+__all__ = ["OracleRun", "mcp_installed", "run_demo", "run_oracle_grove"]
 
 #: The demo's connection secrets. They must never appear in the ledger or the trace.
 _SECRETS = {
@@ -53,11 +64,13 @@ _SECRETS = {
 class _Trace:
     out: TextIO
     failures: list[str] = field(default_factory=list)
+    events: list[DecisionEvent] = field(default_factory=list)
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
     def observe(self, event: DecisionEvent) -> None:
+        self.events.append(event)
         decision = f"decision_id={event.decision_id or '-'}"
         if event.kind == "compose":
             visible = ", ".join(event.visible) or "(none)"
@@ -82,7 +95,7 @@ class _Trace:
 @contextmanager
 def _gateway(
     catalogue: Catalogue,
-    registry: ToolRegistry,
+    registry: ToolRegistry | Callable[[Store], ToolRegistry],
     trace: _Trace,
     seed: Callable[[Any], None],
 ) -> Iterator[Gateway]:
@@ -102,7 +115,7 @@ def _gateway(
             yield Gateway(
                 catalogue,
                 sidecar.client,
-                registry,
+                registry if isinstance(registry, ToolRegistry) else registry(store),
                 store,
                 credentials=StaticCredentials(_SECRETS),
                 observer=trace.observe,
@@ -128,12 +141,72 @@ def _request(agent: str, role: str, tenant: str, task: dict[str, Any], env: str)
 
 # -- oracle-grove ---------------------------------------------------------------------
 
+#: The seed both oracle-grove runs draw with.
+_OMEN_SEED = "harvest-moon"
 
-def _oracle_grove(trace: _Trace) -> None:
-    trace.say("== oracle-grove: a tool-using agent beside a tool-less one ==")
+
+@dataclass
+class OracleRun:
+    """What one oracle-grove run produced, to compare the two transports."""
+
+    omen: str | None
+    #: The decisions of the scene itself, without decision ids or policy revisions.
+    events: list[tuple[Any, ...]]
+    #: Its ledger rows: kind, principal, tool, version, outcome, reason codes and the
+    #: detail without the MCP definition digest (which only an upstream tool has).
+    ledger: list[tuple[Any, ...]]
+    #: The digest of the oracle's accepted MCP definition in the run's intent rows.
+    definitions: set[str]
+
+
+def _event_key(event: DecisionEvent) -> tuple[Any, ...]:
+    return (event.kind, event.agent, event.allow, event.tool, event.visible,
+            event.reason_codes, event.status, event.stage, event.via)  # fmt: skip
+
+
+def _row_key(row: LedgerRow) -> tuple[Any, ...]:
+    detail = {k: v for k, v in row.detail.items() if k != "definition"}
+    return (row.kind, row.tenant, row.principal, row.tool, row.contract_version, row.outcome,
+            tuple(row.reason_codes), sorted(detail.items()))  # fmt: skip
+
+
+def _oracle_over_mcp(catalogue: Catalogue) -> Catalogue:
+    """The oracle-grove catalogue with its oracle served by the oracle MCP server."""
+    oracle = catalogue.tools["oracle"].model_copy(
+        update={"upstream": UpstreamRef(server=ORACLE_SERVER_ID, tool="oracle")}
+    )
+    return Catalogue.model_validate(
+        {**catalogue.model_dump(), "tools": {**catalogue.model_dump()["tools"],
+                                             "oracle": oracle.model_dump()}}
+    )  # fmt: skip
+
+
+def run_oracle_grove(out: TextIO = sys.stdout, *, over_mcp: bool = False) -> tuple[int, OracleRun]:
+    """One oracle-grove run, in-process or over MCP; its exit status and what it did."""
+    trace = _Trace(out)
+    run = _oracle_grove(trace, over_mcp=over_mcp)
+    return (1 if trace.failures else 0), run
+
+
+def _oracle_grove(trace: _Trace, *, over_mcp: bool = False) -> OracleRun:
+    transport = "over MCP (python -m capgate.demo.oracle_server)" if over_mcp else "in-process"
+    trace.say(f"== oracle-grove {transport}: a tool-using agent beside a tool-less one ==")
     catalogue = load_catalogue(demo_catalogue_dir("oracle-grove"))
-    tools = InProcessTools()
-    tools.register("oracle", ORACLE_DESCRIPTION, oracle)
+    closers: list[Callable[[], None]] = []
+
+    def tools(store: Store) -> ToolRegistry:
+        if not over_mcp:
+            in_process = InProcessTools()
+            in_process.register("oracle", ORACLE_DESCRIPTION, oracle)
+            return ToolRegistry(in_process)
+        from adapters.mcp.tools import McpTools
+
+        mcp = McpTools(catalogue, [oracle_server_spec()], store, connect_timeout=30.0)
+        closers.append(mcp.close)
+        return ToolRegistry(mcp)
+
+    if over_mcp:
+        catalogue = _oracle_over_mcp(catalogue)
 
     def seed(tx: Any) -> None:
         tx.put_tenant("grove", budget_class="standard", budget_limit=None)
@@ -141,24 +214,111 @@ def _oracle_grove(trace: _Trace) -> None:
     def request(agent: str) -> AgentRequest:
         return _request(agent, agent, "grove", {"type": "scene", "id": "scene-1"}, "development")
 
-    with _gateway(catalogue, ToolRegistry(tools), trace, seed) as gateway:
-        teller = AgentSession(gateway, request("fortune-teller"))
-        trace.say("    prompt block: " + teller.available_tools_block().replace("\n", " | "))
-        first = teller.call_tool("oracle", seed="harvest-moon")
-        event = {"type": "oracle.spoke", "payload": {"omen": first["omen"], "seed": first["seed"]}}
-        trace.say(f"    emitted {event}")
-        again = teller.call_tool("oracle", seed="harvest-moon")
-        trace.expect(again["omen"] == first["omen"], "same seed, same omen")
+    try:
+        with _gateway(catalogue, tools, trace, seed) as gateway:
+            if over_mcp:
+                _review_oracle_definition(trace, gateway, request("fortune-teller"))
+            start = len(trace.events)
+            after = gateway.store.ledger()[-1].seq if gateway.store.ledger() else 0
+            omen = _grove_beats(trace, gateway, request)
+            rows = gateway.store.ledger(after_seq=after)
+            return OracleRun(
+                omen=omen,
+                events=[_event_key(e) for e in trace.events[start:]],
+                ledger=[_row_key(row) for row in rows],
+                definitions={
+                    str(row.detail["definition"]) for row in rows if "definition" in row.detail
+                },
+            )
+    finally:
+        for close in closers:
+            close()
 
-        whisperer = AgentSession(gateway, request("scene-whisperer"))
-        trace.say("    prompt block: " + whisperer.available_tools_block())
-        trace.expect(whisperer.visible_tools == [], "scene-whisperer sees no tool")
-        denial = _denied(lambda: whisperer.call_tool("oracle", seed="harvest-moon"))
-        trace.expect(
-            denial is not None and "role_not_granted" in denial.reason_codes,
-            "scene-whisperer's oracle call is denied: role_not_granted",
-        )
-        trace.say("    emitted {'type': 'world.observed', 'payload': {'omen': None}}")
+
+def _review_oracle_definition(trace: _Trace, gateway: Gateway, teller: AgentRequest) -> None:
+    """Before the scene: the oracle's MCP definition is quarantined until reviewed."""
+    trace.say("  -- a reviewer accepts the oracle server's tool definition")
+    hidden = gateway.compose(teller)
+    trace.expect(
+        hidden.reasons_for("oracle") == ["tool_quarantined"],
+        "before review the oracle is hidden: tool_quarantined (no definition accepted)",
+    )
+    adapter = gateway.dispatcher.registry.adapter_for("oracle")
+    listing = adapter.discover([ORACLE_SERVER_ID])  # type: ignore[union-attr]
+    with gateway.store.transaction(read_only=True) as tx:
+        pending = tx.get_pin(ORACLE_SERVER_ID, "oracle")
+    if pending is None:
+        trace.expect(False, "the oracle server lists its oracle tool")
+        return
+    trace.say(
+        f"    discovered {len(listing[ORACLE_SERVER_ID])} tool(s) on server "
+        f"{ORACLE_SERVER_ID!r}: oracle is {pending.status.value}, {pending.observed_digest}"
+    )
+    pin = accept_definition(
+        gateway.store, gateway.catalogue, ORACLE_SERVER_ID, "oracle",
+        as_tool="oracle", digest=pending.observed_digest, by="demo-reviewer",
+    )  # fmt: skip
+    trace.expect(pin.status.value == "accepted", "accepted as catalogue tool oracle")
+
+
+def _grove_beats(
+    trace: _Trace, gateway: Gateway, request: Callable[[str], AgentRequest]
+) -> str | None:
+    teller = AgentSession(gateway, request("fortune-teller"))
+    trace.say("    prompt block: " + teller.available_tools_block().replace("\n", " | "))
+    first = teller.call_tool("oracle", seed=_OMEN_SEED)
+    event = {"type": "oracle.spoke", "payload": {"omen": first["omen"], "seed": first["seed"]}}
+    trace.say(f"    emitted {event}")
+    again = teller.call_tool("oracle", seed=_OMEN_SEED)
+    trace.expect(again["omen"] == first["omen"], "same seed, same omen")
+
+    whisperer = AgentSession(gateway, request("scene-whisperer"))
+    trace.say("    prompt block: " + whisperer.available_tools_block())
+    trace.expect(whisperer.visible_tools == [], "scene-whisperer sees no tool")
+    denial = _denied(lambda: whisperer.call_tool("oracle", seed=_OMEN_SEED))
+    trace.expect(
+        denial is not None and "role_not_granted" in denial.reason_codes,
+        "scene-whisperer's oracle call is denied: role_not_granted",
+    )
+    trace.say("    emitted {'type': 'world.observed', 'payload': {'omen': None}}")
+    omen = first.get("omen")
+    return omen if isinstance(omen, str) else None
+
+
+def mcp_installed() -> bool:
+    """Whether the ``mcp`` extra can be imported (the MCP scene needs it)."""
+    try:
+        return importlib.util.find_spec("mcp") is not None
+    except ImportError:
+        return False
+
+
+def _oracle_scenes(trace: _Trace) -> None:
+    """oracle-grove in-process (or over MCP with MCP_ORACLE=1), then over MCP: the
+    same omen, the same events."""
+    gate = servers_from_env(oracle=oracle_server_spec())
+    first_over_mcp = any(s.id == ORACLE_SERVER_ID for s in gate)
+    first = _oracle_grove(trace, over_mcp=first_over_mcp)
+    first_mode = "first MCP run's" if first_over_mcp else "in-process one"
+    trace.say("")
+    if not mcp_installed():
+        trace.say("== oracle-grove over MCP: skipped, the mcp extra is not installed "
+                  "(pip install 'capgate[mcp]') ==")  # fmt: skip
+        return
+    second = _oracle_grove(trace, over_mcp=True)
+    trace.expect(
+        second.omen is not None and second.omen == first.omen,
+        f"the omen drawn over MCP is the {first_mode}, byte for byte: {second.omen!r}",
+    )
+    trace.expect(
+        second.events == first.events and second.ledger == first.ledger,
+        f"the same {len(second.events)} decisions and {len(second.ledger)} ledger rows in "
+        "both modes",
+    )
+    trace.expect(
+        len(second.definitions) == 1,
+        f"every MCP call's ledger rows name the accepted definition {sorted(second.definitions)}",
+    )
 
 
 # -- sales -----------------------------------------------------------------------------
@@ -358,7 +518,7 @@ def _proposal(gateway: Gateway, proposal_id: str) -> ProposalRecord:
 def run_demo(out: TextIO = sys.stdout) -> int:
     """Run every scene; return 0 when every expectation held, 1 otherwise."""
     trace = _Trace(out)
-    _oracle_grove(trace)
+    _oracle_scenes(trace)
     _sales(trace)
     trace.say("")
     if trace.failures:

@@ -42,6 +42,7 @@ __all__ = [
     "RoleSpec",
     "TaskTypeSpec",
     "ToolContract",
+    "UpstreamRef",
 ]
 
 
@@ -169,6 +170,28 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: A tool's name on an MCP server: MCP allows letters, digits, ``_``, ``-`` and ``.``
+#: (1 to 128); ``/`` and ``:`` are accepted too, as some servers use them.
+UpstreamToolName = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+]
+
+
+class UpstreamRef(_Spec):
+    """Where a catalogue tool runs when an MCP server provides it.
+
+    ``server`` is the id of a configured upstream server (``MCP_SERVERS``, see
+    ``docs/mcp-upstreams.md``), ``tool`` the tool's name on that server. The mapping
+    is the catalogue's, so reviewed with it; what the server says about the tool
+    (description, schemas, annotations) grants nothing: a person accepts each
+    definition (``capgate mcp accept``) before the tool can run, and a definition
+    that changes upstream is quarantined until accepted again.
+    """
+
+    server: Identifier
+    tool: UpstreamToolName
+
+
 class ToolContract(_Spec):
     """Everything the policy and the dispatcher need to know about one tool.
 
@@ -216,6 +239,11 @@ class ToolContract(_Spec):
     #: review, so that, say, a sales manager who approves quotes cannot approve a
     #: payment merely because both need the same kind of approval.
     reviewers: list[Identifier] = Field(default_factory=list)
+    #: The MCP server tool that runs this contract (run by ``adapters.mcp``), or None
+    #: for a tool some other adapter runs. Never part of the compiled policy data: the
+    #: policy learns whether the upstream definition is accepted from the
+    #: ``quarantined`` fact.
+    upstream: UpstreamRef | None = None
 
     @field_validator("execution_action")
     @classmethod
@@ -342,6 +370,7 @@ class Catalogue(_Spec):
             if tool not in self.tools
         ]
         problems += self._review_problems() + self._evidence_problems()
+        problems += self._upstream_problems()
         if problems:
             raise CatalogueProblems(problems)
         return self
@@ -378,6 +407,28 @@ class Catalogue(_Spec):
             for position, name in enumerate(tool.requires)
             if name not in produced
         ]
+
+    def _upstream_problems(self) -> list[str]:
+        # One contract per upstream tool: acceptance maps an upstream definition to
+        # exactly one contract, so two contracts there would share one review.
+        seen: dict[tuple[str, str], str] = {}
+        problems = []
+        for tool in self.tools.values():
+            if tool.upstream is None:
+                continue
+            key = (tool.upstream.server, tool.upstream.tool)
+            if key in seen:
+                problems.append(
+                    f"tool {quote(tool.name)}: field 'upstream': tool {quote(key[1])} of server "
+                    f"{quote(key[0])} already runs tool {quote(seen[key])}"
+                )
+            else:
+                seen[key] = tool.name
+        return problems
+
+    def upstream_tools(self) -> dict[str, ToolContract]:
+        """The contracts an MCP server runs, by name."""
+        return {name: t for name, t in sorted(self.tools.items()) if t.upstream is not None}
 
     def runnable_names(self) -> set[str]:
         """Every name an adapter may run: the tools and their execution actions."""

@@ -119,6 +119,11 @@ class ComposeInput(_Facts):
     connections: dict[Identifier, ConnectionStatus] = Field(default_factory=dict)
     environment: Identifier
     budget_class: Identifier
+    #: Catalogue tools that run on an MCP server whose current definition of them a
+    #: person has not accepted (never accepted, changed upstream since, or rejected):
+    #: hidden and denied as ``tool_quarantined``. From the gateway's store (its pins of
+    #: upstream definitions), never from the caller.
+    quarantined: list[Identifier] = Field(default_factory=list)
 
     @field_validator("connections", mode="before")
     @classmethod

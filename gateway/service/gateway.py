@@ -78,6 +78,7 @@ from gateway.state.records import (
     LedgerEntry,
     OperationRecord,
     OperationStatus,
+    PinStatus,
     ProposalRecord,
     ProposalStatus,
     ReviewRecord,
@@ -233,6 +234,12 @@ class Gateway:
         self.duplicate_wait = duplicate_wait
         self.dispatcher = Dispatcher(catalogue, policy, registry, observer=observer)
         self._leases = _Leases(store, lease)
+        #: Catalogue tools that run on an MCP server: name -> (server, upstream tool).
+        self._upstream = {
+            name: (contract.upstream.server, contract.upstream.tool)
+            for name, contract in sorted(catalogue.tools.items())
+            if contract.upstream is not None
+        }
 
     # -- the facts ---------------------------------------------------------------------
 
@@ -255,7 +262,23 @@ class Gateway:
             connections=connections,
             environment=environment,
             budget_class=tenant.budget_class,
+            quarantined=self._quarantined(tx),
         )
+
+    def _quarantined(self, tx: Tx) -> list[str]:
+        """The catalogue tools an MCP server runs whose definition, as the server shows
+        it now, a person has not accepted as that tool (never discovered, pending,
+        changed upstream, no longer listed, or rejected): OPA hides and denies them
+        (``tool_quarantined``). Read from the store's pins, never from the caller."""
+        if not self._upstream:
+            return []
+        pins = {(pin.server, pin.tool): pin for pin in tx.pins()}
+        quarantined = []
+        for name, (server, tool) in self._upstream.items():
+            pin = pins.get((server, tool))
+            if pin is None or pin.status is not PinStatus.ACCEPTED or pin.catalogue_tool != name:
+                quarantined.append(name)
+        return quarantined
 
     # -- compose -----------------------------------------------------------------------
 
@@ -664,10 +687,11 @@ class Gateway:
     ) -> Outcome:
         """Record the intent, run (or look up), record the outcome: see the module doc."""
         account, secret = self._credential(authorised)
+        definition = _definition_digest(authorised)
         deadline = time.monotonic() + self.duplicate_wait
         while True:
             try:
-                claim = self._claim(authorised, task_id, proposal, review)
+                claim = self._claim(authorised, task_id, proposal, review, definition)
             except _Refused as refused:
                 self._refuse(authorised, proposal, refused.reason)
             except _Lost:
@@ -700,6 +724,7 @@ class Gateway:
             outcome,
             task_id,
             proposal_id=proposal.id if proposal else None,
+            definition=definition,
         )
         return outcome
 
@@ -720,6 +745,7 @@ class Gateway:
         task_id: str,
         proposal: ProposalRecord | None,
         review: ReviewRecord | None,
+        definition: str | None = None,
     ) -> OperationRecord | Outcome | None:
         """In one transaction: own the operation (intent + budget), or say why not.
 
@@ -745,6 +771,15 @@ class Gateway:
                     "differ); use a new operation id"
                 )
             lease_until = tx.now + self.lease
+            if existing is None and proposal is None:
+                # A pending proposal holds its operation id from the moment it is
+                # proposed; another call may not take it from under the review.
+                holder = tx.proposal_for_operation(tenant, op_id)
+                if holder is not None:
+                    raise OperationConflict(
+                        f"operation {quote(op_id)} belongs to proposal {quote(holder.id)}; "
+                        "use a new operation id"
+                    )
             if existing is None:
                 fits = tx.reserve_budget(tenant, task_id, cost)
                 # reserve_budget locked the tenant's row, as every claim of the tenant
@@ -830,7 +865,11 @@ class Gateway:
                     authorised,
                     proposal_id=proposal.id if proposal else None,
                     outcome="running",
-                    detail={"attempt": operation.attempts, "cost": cost},
+                    detail={
+                        "attempt": operation.attempts,
+                        "cost": cost,
+                        **({"definition": definition} if definition else {}),
+                    },
                 )
             )
         return operation
@@ -937,6 +976,7 @@ class Gateway:
         task_id: str,
         *,
         proposal_id: str | None,
+        definition: str | None = None,
     ) -> None:
         contract = authorised.contract
         tenant = authorised.request.principal.tenant
@@ -983,6 +1023,7 @@ class Gateway:
                         if outcome.status is OutcomeStatus.SUCCESS
                         else [],
                         **({"after_lease": True} if late else {}),
+                        **({"definition": definition} if definition else {}),
                     },
                 )
             )
@@ -1226,6 +1267,21 @@ def _operation_state(record: OperationRecord | None) -> OperationState:
         return OperationState(status="running")
     status = Outcome.model_validate(record.outcome).status
     return OperationState(status=status.value)
+
+
+def _definition_digest(authorised: Authorised) -> str | None:
+    """The version of the tool's definition this run uses, when its adapter has one
+    (an MCP server's accepted definition; ``definition_digest(name, operation_id)``,
+    which also pins that version for the run), for the intent and outcome rows."""
+    method = getattr(authorised.adapter, "definition_digest", None)
+    if not callable(method):
+        return None
+    try:
+        digest = method(authorised.action, authorised.operation_id)
+    except Exception as exc:  # an adapter that cannot say: the rows go without it
+        log.warning("no definition digest for tool=%s (%s)", authorised.action, type(exc).__name__)
+        return None
+    return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
 
 
 def _can_look_up(authorised: Authorised) -> bool:

@@ -15,6 +15,8 @@ else in capgate::
     ├── UnknownOperation     unknown_operation         the tenant has no operation of that id
     ├── UnknownProposal      unknown_proposal          no proposal of that id
     ├── UnknownReview        unknown_review            no review of that id
+    ├── UnknownPin           unknown_pin               no pin of that upstream server and tool
+    ├── PinStale             pin_stale                 the server shows another definition now
     ├── DuplicateRecord      duplicate_record          a record of that id exists already
     │   └── DuplicateOperation duplicate_operation     the tenant has a proposal for that operation
     └── BudgetNotReserved    budget_not_reserved       settling more than is reserved
@@ -34,12 +36,14 @@ __all__ = [
     "BudgetNotReserved",
     "DuplicateOperation",
     "DuplicateRecord",
+    "PinStale",
     "StoreBusy",
     "StoreError",
     "StoreURLError",
     "StoreVersionError",
     "UnknownConnection",
     "UnknownOperation",
+    "UnknownPin",
     "UnknownProposal",
     "UnknownReview",
     "UnknownTenant",
@@ -147,6 +151,42 @@ class UnknownReview(StoreError):
     def __init__(self, review_id: str) -> None:
         self.review_id = review_id
         super().__init__(f"unknown review {quote(review_id)}")
+
+
+class UnknownPin(StoreError):
+    """No definition of that tool of that upstream server was ever recorded."""
+
+    code: ClassVar[str] = "unknown_pin"
+
+    def __init__(self, server: str, tool: str) -> None:
+        self.server = server
+        self.tool = tool
+        super().__init__(
+            f"no definition of tool {quote(tool)} of upstream server {quote(server)} was "
+            "recorded (capgate mcp discover records them)"
+        )
+
+
+class PinStale(StoreError):
+    """The definition a person reviewed is no longer the one the server shows.
+
+    Accepting or rejecting must be about the definition that was looked at: when the
+    server changed it meanwhile, nothing is recorded and the new one is to be
+    reviewed.
+    """
+
+    code: ClassVar[str] = "pin_stale"
+
+    def __init__(self, server: str, tool: str, reviewed: str, shown: str | None) -> None:
+        self.server = server
+        self.tool = tool
+        self.reviewed = reviewed
+        self.shown = shown
+        now = f"shows {shown}" if shown is not None else "no longer lists it"
+        super().__init__(
+            f"tool {quote(tool)} of upstream server {quote(server)}: the definition reviewed "
+            f"was {quote(reviewed)}, the server {now}; review it again (capgate mcp pending)"
+        )
 
 
 class DuplicateRecord(StoreError):

@@ -175,11 +175,42 @@ def _version_2(d: Dialect) -> list[str]:
     ]
 
 
+def _version_3(d: Dialect) -> list[str]:
+    """Pins of upstream MCP tool definitions: what each server last showed of each
+    tool, the definition a person accepted (and as which catalogue tool), and the one
+    they rejected. A tool whose shown definition is not the accepted one is
+    quarantined (``docs/mcp-upstreams.md``)."""
+    t = d.time_type
+    digest = "CHECK ({0} IS NULL OR {0} LIKE 'sha256:%')"
+    return [
+        f"""CREATE TABLE upstream_pins (
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending', 'accepted', 'changed', 'rejected')),
+            observed_digest TEXT {digest.format("observed_digest")},
+            observed_definition TEXT,
+            observed_at {t} NOT NULL,
+            catalogue_tool TEXT,
+            accepted_digest TEXT {digest.format("accepted_digest")},
+            accepted_definition TEXT,
+            accepted_by TEXT,
+            accepted_at {t},
+            rejected_digest TEXT {digest.format("rejected_digest")},
+            rejected_by TEXT,
+            rejected_at {t},
+            updated_at {t} NOT NULL,
+            PRIMARY KEY (server, tool)
+        )""",
+        "CREATE INDEX upstream_pins_by_catalogue_tool ON upstream_pins (catalogue_tool)",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
               "reviews and the ledger", _version_1),
     Migration(2, "operations.reserved; proposals by operation id", _version_2),
+    Migration(3, "pins of upstream MCP tool definitions", _version_3),
 )  # fmt: skip
 
 

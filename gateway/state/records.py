@@ -13,6 +13,8 @@ from typing import Annotated, Any, Final
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
+from gateway.digest import canonical_json, digest_of
+from gateway.model.contracts import UpstreamToolName
 from gateway.model.facts import ConnectionStatus, Identifier, Principal
 
 __all__ = [
@@ -28,12 +30,15 @@ __all__ = [
     "LedgerRow",
     "OperationRecord",
     "OperationStatus",
+    "PinRecord",
+    "PinStatus",
     "ProposalRecord",
     "ProposalStatus",
     "ReviewRecord",
     "ReviewVerdict",
     "TenantRecord",
     "VerifyReport",
+    "definition_digest",
 ]
 
 
@@ -190,6 +195,58 @@ class OperationRecord(_Record):
     #: of an operation whose earlier attempt ended unknown was charged then and
     #: reserves nothing; whoever settles or reconciles it must not charge it again.
     reserved: bool = True
+
+
+def definition_digest(definition: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of an upstream tool definition's canonical JSON (sorted keys, no
+    whitespace: :func:`gateway.digest.canonical_json`), as pins record it."""
+    return digest_of(canonical_json(definition))
+
+
+class PinStatus(StrEnum):
+    """Where an upstream tool's definition stands with the people who review them.
+
+    Only ``accepted`` lets the catalogue tool mapped to it run; every other status
+    quarantines it (``tool_quarantined``).
+    """
+
+    PENDING = "pending"  # discovered, never accepted: waiting for a review
+    ACCEPTED = "accepted"  # the server shows the definition a person accepted
+    CHANGED = "changed"  # the server shows another definition, or none: quarantined
+    REJECTED = "rejected"  # the server shows a definition a person rejected: quarantined
+
+
+class PinRecord(_Record):
+    """One tool of one upstream MCP server, as reviewed.
+
+    ``observed_*`` is what the server showed last (its name, title, description,
+    schemas and annotations, as canonical JSON, and that JSON's digest); ``None``
+    when the server no longer lists the tool. ``accepted_*`` is the definition a
+    person accepted and the catalogue tool they accepted it as; ``rejected_*`` the
+    last definition a person rejected. The server's annotations are kept as shown,
+    never read as authority: what the tool may do is its catalogue contract's.
+    """
+
+    server: Identifier
+    tool: UpstreamToolName
+    status: PinStatus
+    observed_digest: Digest | None
+    observed_definition: dict[str, Any] | None
+    observed_at: AwareDatetime
+    catalogue_tool: Identifier | None = None
+    accepted_digest: Digest | None = None
+    accepted_definition: dict[str, Any] | None = None
+    accepted_by: str | None = Field(default=None, max_length=128)
+    accepted_at: AwareDatetime | None = None
+    rejected_digest: Digest | None = None
+    rejected_by: str | None = Field(default=None, max_length=128)
+    rejected_at: AwareDatetime | None = None
+    updated_at: AwareDatetime
+
+    @property
+    def quarantined(self) -> bool:
+        """Whether the catalogue tool mapped to it may not run now."""
+        return self.status is not PinStatus.ACCEPTED
 
 
 class BeginStatus(StrEnum):

@@ -44,6 +44,7 @@ from gateway.state.records import (
     LedgerRow,
     OperationRecord,
     OperationStatus,
+    PinRecord,
     ProposalRecord,
     ProposalStatus,
     ReviewRecord,
@@ -55,7 +56,7 @@ __all__ = ["SCHEMA_VERSION", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Tx(Protocol):
@@ -190,6 +191,32 @@ class Tx(Protocol):
     def consume_review(self, review_id: str) -> bool:
         """Mark an approval used at ``now``; False if it was used already (or is a
         rejection); ``UnknownReview`` if there is no such review."""
+
+    # -- pins of upstream MCP tool definitions ------------------------------------------
+
+    def observe_pin(self, server: str, tool: str, definition: dict[str, Any] | None) -> PinRecord:
+        """Record what the server shows of the tool now (``None``: it no longer lists
+        it) and set the pin's status from it: ``accepted`` when it is the accepted
+        definition, ``rejected`` when it is the rejected one, else ``changed`` (some
+        definition was accepted before) or ``pending`` (never accepted). The digest is
+        the store's own (:func:`~gateway.state.records.definition_digest`)."""
+
+    def get_pin(self, server: str, tool: str, *, for_update: bool = False) -> PinRecord | None: ...
+
+    def pins(self, *, server: str | None = None) -> list[PinRecord]:
+        """Every pin (of one server when given), by server and tool."""
+
+    def accept_pin(
+        self, server: str, tool: str, *, digest: str, catalogue_tool: str, by: str
+    ) -> PinRecord:
+        """Accept the definition the server shows, as ``catalogue_tool``, if its digest
+        is ``digest`` (the one the person reviewed): ``UnknownPin`` if there is no
+        pin, ``PinStale`` if the server shows another definition (or none) now."""
+
+    def reject_pin(self, server: str, tool: str, *, digest: str, by: str) -> PinRecord:
+        """Reject the definition the server shows, if its digest is ``digest``; the
+        tool stays quarantined while the server shows it (``UnknownPin``,
+        ``PinStale`` as for accept)."""
 
     # -- ledger -----------------------------------------------------------------------
 

@@ -104,6 +104,7 @@ def test_public_surface_is_pinned() -> None:
         "RoleSpec",
         "TaskTypeSpec",
         "ToolContract",
+        "UpstreamRef",
     ]
 
 

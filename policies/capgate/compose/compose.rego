@@ -13,6 +13,7 @@
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 package capgate.compose
 
 import data.capgate.provenance
@@ -39,6 +40,7 @@ import data.capgate.visibility
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 decision := {
 	"visible": visibility.visible_tools,
 	"excluded": visibility.excluded_tools,

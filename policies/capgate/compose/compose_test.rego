@@ -54,6 +54,29 @@ test_deny_excluded_matrix if {
 _payment_codes := {"role_not_granted", "not_needed_by_task", "connection_missing", "budget_class_exceeded"}
 
 _excluded_cases := {
+	"quote quarantined": {
+		"patch": {"quarantined": ["quote.prepare_send"]},
+		"excluded": {
+			"quote.prepare_send": {"tool_quarantined"},
+			"payment.execute": _payment_codes,
+		},
+	},
+	"payment quarantined too": {
+		"patch": {"quarantined": ["payment.execute", "oracle.price"]},
+		"excluded": {
+			"oracle.price": {"tool_quarantined"},
+			"payment.execute": (_payment_codes | {"tool_quarantined"}),
+		},
+	},
+	"quarantine malformed": {
+		"patch": {"quarantined": "everything"},
+		"excluded": {
+			"contact.read": {"tool_quarantined"},
+			"oracle.price": {"tool_quarantined"},
+			"quote.prepare_send": {"tool_quarantined"},
+			"payment.execute": (_payment_codes | {"tool_quarantined"}),
+		},
+	},
 	"mailbox disabled": {
 		"patch": {"connections": {"sales_mailbox": "disabled"}},
 		"excluded": {

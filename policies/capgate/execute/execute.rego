@@ -19,6 +19,7 @@
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 #     - stage_invalid
 #     - review_required
 #     - approval_required
@@ -58,6 +59,7 @@ import data.capgate.visibility
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 #     - stage_invalid
 #     - review_required
 #     - approval_required

@@ -252,6 +252,15 @@ _deny_cases := {
 		"patch": {"budget_class": "frugal"},
 		"codes": {"budget_class_exceeded"},
 	},
+	"upstream definition changed since the proposal": {
+		"patch": {"quarantined": ["quote.prepare_send"]},
+		"codes": {"tool_quarantined"},
+	},
+	"call: upstream definition not accepted": {
+		"base": "call",
+		"patch": {"quarantined": ["contact.read"]},
+		"codes": {"tool_quarantined"},
+	},
 	# Evidence, subject and idempotency key, at every stage.
 	"no evidence": {
 		"patch": {"evidence": []},
@@ -337,6 +346,7 @@ test_deny_matrix_covers_every_code if {
 		"connection_revoked",
 		"environment_restricted",
 		"budget_class_exceeded",
+		"tool_quarantined",
 		"stage_invalid",
 		"review_required",
 		"approval_required",
@@ -403,6 +413,8 @@ test_deny_execute_agrees_with_compose if {
 		object.union(fixtures_test.execute_input, {"principal": {"role": "support"}, "environment": "staging"}),
 		object.union(fixtures_test.execute_input, {"connections": {"crm": "revoked"}, "budget_class": "frugal"}),
 		object.union(fixtures_test.execute_input, {"task": {"type": "invoice_payment"}, "connections": "none"}),
+		object.union(fixtures_test.execute_input, {"quarantined": ["contact.read", "quote.prepare_send"]}),
+		object.union(fixtures_test.execute_input, {"quarantined": "all"}),
 	]
 	every facts in inputs {
 		excluded := compose.decision.excluded with input as facts with data.capgate.catalogue as fixtures_test.catalogue

@@ -15,6 +15,7 @@
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 package capgate.visibility
 
 # METADATA
@@ -29,6 +30,7 @@ is_visible(name) if {
 	_connection_active(name)
 	_environment_allowed(name)
 	_budget_admits(name)
+	_not_quarantined(name)
 }
 
 # METADATA
@@ -45,12 +47,14 @@ is_visible(name) if {
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 reasons(name) := union({
 	_role_reasons(name),
 	_task_reasons(name),
 	_connection_reasons(name),
 	_environment_reasons(name),
 	_budget_reasons(name),
+	_quarantine_reasons(name),
 })
 
 # METADATA
@@ -58,7 +62,7 @@ reasons(name) := union({
 # description: |
 #   The names of the catalogue's tools for which is_visible(name) holds: the names
 #   in the set of every check. Like is_visible, decided by the positive checks alone.
-visible_tools := passing & _budget_admits_names if {
+visible_tools := (passing & _budget_admits_names) & _not_quarantined_names if {
 	passing := ((_role_granted_names & _task_lists_names) & _connection_active_names) & _environment_allowed_names
 }
 
@@ -77,6 +81,7 @@ visible_tools := passing & _budget_admits_names if {
 #     - connection_revoked
 #     - environment_restricted
 #     - budget_class_exceeded
+#     - tool_quarantined
 excluded_tools := {name: tool_reasons | # regal ignore:prefer-set-or-object-rule
 	by_check := _reasons_by_check
 	some name in (_names - visible_tools)
@@ -90,6 +95,7 @@ _reasons_by_check := [
 	_connection_reasons_by_name,
 	_environment_reasons_by_name,
 	_budget_reasons_by_name,
+	_quarantine_reasons_by_name,
 ]
 
 # Facts from the catalogue and the input, normalised once per query. A fact that is
@@ -367,4 +373,42 @@ _budget_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-r
 	cost_class := object.get(tools, [name, "cost_class"], null)
 	message := sprintf(format, [budget_class_text, json.marshal(cost_class), name])
 	reason := {"code": "budget_class_exceeded", "message": message}
+}
+
+# tool_quarantined
+
+# input.quarantined names the tools that run on an MCP server whose current definition
+# of them a person has not accepted (the gateway reads it from its pins of upstream
+# definitions). null or absent quarantines nothing; a value that is not a list
+# quarantines every tool, as a task.needs that is not a list narrows to nothing.
+_is_quarantine_malformed if {
+	input.quarantined != null
+	not is_array(input.quarantined)
+}
+
+_quarantined_names contains name if {
+	is_array(input.quarantined)
+	some name in input.quarantined
+}
+
+_not_quarantined(name) if {
+	not _is_quarantine_malformed
+	not name in _quarantined_names
+}
+
+default _not_quarantined_names := set()
+
+_not_quarantined_names := _names - _quarantined_names if not _is_quarantine_malformed
+
+_quarantine_format := "tool %q is quarantined: its MCP server's current definition of it is not one a person accepted"
+
+_quarantine_reasons(name) := {reason |
+	not _not_quarantined(name)
+	reason := {"code": "tool_quarantined", "message": sprintf(_quarantine_format, [name])}
+}
+
+_quarantine_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
+	format := _quarantine_format
+	some name in (_names - _not_quarantined_names)
+	reason := {"code": "tool_quarantined", "message": sprintf(format, [name])}
 }

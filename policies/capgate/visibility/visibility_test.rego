@@ -42,6 +42,9 @@ _allow_cases := {
 		"tool": "payment.execute",
 		"patch": _finance_patch,
 	},
+	"another tool quarantined": {"patch": {"quarantined": ["contact.read", "ghost"]}},
+	"nothing quarantined": {"patch": {"quarantined": []}},
+	"quarantine null": {"patch": {"quarantined": null}},
 }
 
 # One failing fact, one reason: each case asserts the exact set of codes. A case
@@ -145,6 +148,28 @@ _deny_cases := {
 		"tool": "oracle.price",
 		"patch": {"budget_class": "gold"},
 		"codes": {"budget_class_exceeded"},
+	},
+	"upstream definition not accepted": {
+		"patch": {"quarantined": ["quote.prepare_send"]},
+		"codes": {"tool_quarantined"},
+	},
+	"pure function quarantined among others": {
+		"tool": "oracle.price",
+		"patch": {"quarantined": [7, "oracle.price", {"name": "contact.read"}]},
+		"codes": {"tool_quarantined"},
+	},
+	"quarantine not a list": {
+		"patch": {"quarantined": "contact.read"},
+		"codes": {"tool_quarantined"},
+	},
+	"quarantine an object": {
+		"tool": "contact.read",
+		"patch": {"quarantined": {"contact.read": false}},
+		"codes": {"tool_quarantined"},
+	},
+	"quarantine false": {
+		"patch": {"quarantined": false},
+		"codes": {"tool_quarantined"},
 	},
 	"everything wrong at once": {
 		"tool": "payment.execute",
@@ -269,6 +294,19 @@ test_deny_messages_name_the_facts if {
 		`which tool "quote.prepare_send" needs`,
 	])
 	messages.budget_class_exceeded == `budget class "frugal" does not admit cost class "low" of tool "quote.prepare_send"`
+}
+
+test_deny_quarantine_message_names_the_tool if {
+	facts := object.union(fixtures_test.compose_input, {"quarantined": ["quote.prepare_send"]})
+	reasons := visibility.reasons("quote.prepare_send") with input as facts
+		with data.capgate.catalogue as fixtures_test.catalogue
+	reasons == {{
+		"code": "tool_quarantined",
+		"message": concat("", [
+			`tool "quote.prepare_send" is quarantined: its MCP server's current definition `,
+			"of it is not one a person accepted",
+		]),
+	}}
 }
 
 test_deny_message_tells_needs_from_task_type if {
