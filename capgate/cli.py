@@ -4,6 +4,9 @@
     capgate doctor [--catalogue DIR]      show what is in use (versions, OPA, policies) and check it
     capgate check CATALOGUE_DIR           validate a catalogue, print every problem
     capgate bundle CATALOGUE_DIR OUT_DIR  write an OPA bundle (policies + compiled data)
+    capgate bundle CATALOGUE_DIR OUT.tar.gz --sign-key KEY --token-file FILE
+                                          write the signed deployment bundle
+    capgate deploy init DIR               make a deployment's token, keys, OPA config
     capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json]
 
 and, over the gateway's store (``--store URL`` or ``$CAPGATE_STORE``; the commands
@@ -14,12 +17,14 @@ live in :mod:`capgate.commands`)::
     capgate budget show|set               a tenant's or a task's budget
     capgate proposals list|show|approve|reject
     capgate ledger show|verify            the hash-chained ledger
+    capgate mcp discover|pending|accept|reject   review upstream MCP tool definitions
 
 Every command exits 0 on success and 2 on an error (bad input, catalogue, store or
 address; OPA unavailable); ``eval`` exits 3 for a denied call and ``proposals
-approve|reject`` 3 when the review policy refuses, ``demo`` 1 when an expectation of
-the demo did not hold, ``ledger verify`` 1 when the hash chain is broken, and any
-command 130 on Ctrl-C. Each command's ``--help`` lists its own.
+approve|reject`` 3 when the review policy refuses, ``mcp accept|reject`` 3 when the
+server shows another definition than the one reviewed, ``demo`` 1 when an
+expectation of the demo did not hold, ``ledger verify`` 1 when the hash chain is
+broken, and any command 130 on Ctrl-C. Each command's ``--help`` lists its own.
 
 ``eval`` shows an answer only after the checks the dispatcher applies before obeying
 it (:mod:`gateway.dispatch.verify`, the same functions): an allow the dispatcher
@@ -41,7 +46,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from capgate.commands import ledger, proposals, state
+from capgate.commands import deploy, ledger, mcp, proposals, state
 from capgate.commands.common import (
     EXIT_DEMO_FAILED,
     EXIT_DENIED,
@@ -51,6 +56,7 @@ from capgate.commands.common import (
     exit_codes,
 )
 from capgate.demo import demo_catalogue_dir
+from capgate.serve import command as serve
 from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.dispatch.verify import verify_compose, verify_execute
 from gateway.errors import CapgateError, InvalidInput
@@ -161,6 +167,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _bundle(args: argparse.Namespace) -> int:
+    if args.sign_key is not None:
+        return deploy.run_signed_bundle(args)
+    if args.token_file:
+        raise ValueError("--token-file goes with --sign-key: only a signed bundle carries it")
     catalogue = load_catalogue(args.catalogue)
     out = write_bundle(catalogue, args.out)
     print(f"bundle written to {out}")
@@ -234,10 +244,28 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("catalogue", type=Path)
     check.set_defaults(run=_check)
 
-    bundle = command("bundle", "write an OPA bundle (policies + compiled catalogue)")
+    bundle = command(
+        "bundle",
+        "write an OPA bundle (policies + compiled catalogue), or with --sign-key the "
+        "signed deployment bundle (docs/deployment.md)",
+    )
     bundle.add_argument("catalogue", type=Path)
-    bundle.add_argument("out", type=Path)
+    bundle.add_argument("out", type=Path, help="a folder; with --sign-key, a .tar.gz file")
+    bundle.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="KEY",
+        help="sign with this PEM private key (ES256/384/512 or RS256, read from the key)",
+    )
+    bundle.add_argument(
+        "--token-file",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="a gateway token OPA must accept (its SHA-256 only goes in); repeatable",
+    )
     bundle.set_defaults(run=_bundle)
+    deploy.register(sub)
 
     ev = command("eval", "evaluate an input file against the policies", "eval")
     ev.add_argument("question", choices=["compose", "execute"])
@@ -250,6 +278,8 @@ def _parser() -> argparse.ArgumentParser:
     state.register(sub)
     proposals.register(sub)
     ledger.register(sub)
+    mcp.register(sub)
+    serve.register(sub)
     return parser
 
 

@@ -43,6 +43,17 @@ info string                        rule
                                    ending in ``...`` is a prefix of the real problem.
 ``text catalogue-error-format``    every real problem that names a field (from the
                                    mistakes above) matches this ``<placeholder>`` shape.
+``yaml serve-config``              a ``capgate serve`` configuration: accepted by
+                                   ``capgate.serve.config.parse_config``, and its ``tools``
+                                   entry points import and give adapters.
+``json mcp-client``                an MCP client's ``mcpServers``: each stdio server runs a
+                                   ``capgate`` whose ``args`` the real ``serve`` parser
+                                   accepts; each HTTP server's URL is ``/mcp`` at an
+                                   address ``--http`` accepts, and its bearer token is one
+                                   of the nearest ``serve-config`` above it.
+``json mcp-tool-result``           a ``tools/call`` result as the server writes it (without
+                                   ``resultType``), equal to one that ``capgate.serve``
+                                   really produces (``_serve_results``).
 =================================  =========================================================
 
 Shell blocks: all ``sh`` blocks of one document run in order in one session, whose
@@ -77,6 +88,7 @@ holds.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import json
@@ -92,6 +104,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
@@ -100,9 +113,15 @@ import yaml
 import gateway
 from capgate.cli import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
+from capgate.serve import command as serve_command
+from capgate.serve.config import parse_config
+from capgate.serve.http import MCP_PATH, parse_listen_address
+from capgate.serve.results import error_result, unknown_tool
 from gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
 from gateway.digest import params_digest
-from gateway.errors import CatalogueError
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.registry import ToolRegistry
+from gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
 from gateway.model.contracts import Catalogue, ToolContract
 from gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
 from gateway.model.facts import ComposeInput, ExecuteInput
@@ -180,6 +199,9 @@ RULES: dict[str, Callable[[Block], bool]] = {
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
+    "serve-config": lambda b: b.lang == "yaml" and b.tag == "serve-config",
+    "mcp-client": lambda b: b.lang == "json" and b.tag == "mcp-client",
+    "mcp-tool-result": lambda b: b.lang == "json" and b.tag == "mcp-tool-result",
 }
 
 
@@ -505,6 +527,65 @@ def test_catalogue_error_format_matches_real_problems(mistake_problems: dict[str
         pattern = re.sub(r"<[^>]+>", ".+", re.escape(shape))
         for problem in with_field:
             assert re.fullmatch(pattern, problem), f"{block}: {problem}"
+
+
+# ------------------------------------------------------------ capgate serve
+
+
+@pytest.mark.parametrize("block", blocks_of("serve-config"), ids=ids(blocks_of("serve-config")))
+def test_serve_config_block_is_accepted(block: Block):
+    config = parse_config(block.text, str(block))
+    assert config.adapters()
+
+
+@pytest.mark.parametrize("block", blocks_of("mcp-client"), ids=ids(blocks_of("mcp-client")))
+def test_mcp_client_block_fits_capgate_serve(block: Block):
+    config = parse_config(preceding(block, "serve-config").text)
+    parser = argparse.ArgumentParser(prog="capgate", exit_on_error=False)
+    serve_command.register(parser.add_subparsers(dest="command"))
+    servers = json.loads(block.text)["mcpServers"]
+    assert servers, str(block)
+    for name, server in servers.items():
+        where = f"{block}: {name}"
+        if "command" in server:
+            assert set(server) <= {"command", "args", "env"}, where
+            assert Path(server["command"]).name == "capgate", where
+            args = parser.parse_args(server["args"])
+            assert args.command == "serve", where
+            assert args.http is None, where
+        else:
+            assert set(server) <= {"type", "url", "headers"}, where
+            url = urlsplit(server["url"])
+            assert (url.scheme, url.path) == ("http", MCP_PATH), where
+            parse_listen_address(url.netloc)
+            scheme, _, token = server["headers"]["Authorization"].partition(" ")
+            assert scheme == "Bearer", where
+            assert config.token_binding(token) is not None, f"{where}: no binding holds the token"
+
+
+class _NoPolicy:
+    def compose(self, facts: Any) -> Any:
+        raise AssertionError("not asked")
+
+    execute = compose
+
+
+def _serve_results() -> list[dict[str, Any]]:
+    """What capgate.serve answers for a denial, a hidden tool, invalid arguments."""
+    dispatcher = Dispatcher(load_catalogue(SALES), _NoPolicy(), ToolRegistry())
+    with pytest.raises(InvalidInput) as invalid:
+        dispatcher.prepare("contact.read", {"contact_id": 42})
+    denial = CapabilityViolation("contact.read", [Reason(code="subject_out_of_scope", message="-")])
+    answers = [error_result(denial), unknown_tool(), error_result(invalid.value)]
+    dumped = [a.model_dump(by_alias=True, mode="json", exclude_none=True) for a in answers]
+    return [{k: v for k, v in answer.items() if k != "resultType"} for answer in dumped]
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("mcp-tool-result"), ids=ids(blocks_of("mcp-tool-result"))
+)
+def test_mcp_tool_result_block_is_a_real_answer(block: Block):
+    assert json.loads(block.text) in _serve_results(), str(block)
 
 
 # ------------------------------------------------------------------------ shell
