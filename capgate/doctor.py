@@ -2,9 +2,11 @@
 
 Every part of the answer to "which policies did that decision come from?" is here:
 the capgate version and where it is installed, the OPA binary and its version, the
-policies folder, the catalogue and its digest, and the OPA address. The last check
-really asks that OPA: it starts the embedded one (and stops it), or contacts the
-external one, and compares the catalogue digest it serves with the local one.
+policies folder, the catalogue and its digest, the OPA token (where it comes from,
+never its value) and the OPA address. The last check really asks that OPA: it starts
+the embedded one (and stops it), or contacts the external one with the token, asks
+whether it is ready (healthy, every bundle active) and compares the catalogue digest
+it serves with the local one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.errors import CapgateError
 from gateway.opa.binary import SUPPORTED, find_opa
 from gateway.opa.policies import checkout_root, locate_policies
-from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from gateway.opa.sidecar import (
+    OPA_TOKEN_ENV,
+    OPA_TOKEN_FILE_ENV,
+    OPA_URL_ENV,
+    PolicySidecar,
+    configured_token,
+    token_file_problem,
+)
 from gateway.version import __version__
 
 __all__ = ["Check", "run_doctor"]
@@ -67,12 +76,49 @@ def _policies() -> Check:
         located = locate_policies()
     except FileNotFoundError as exc:
         return Check("policies", False, str(exc))
-    files = sorted(p for p in located.path.rglob("*.rego") if not p.name.endswith("_test.rego"))
+    system = located.path / "system"
+    files = sorted(
+        p
+        for p in located.path.rglob("*.rego")
+        if not p.name.endswith("_test.rego") and system not in p.parents
+    )
     return Check(
         "policies",
         bool(files),
         f"{located.describe()}, {len(files)} policy file(s)",
         {"path": str(located.path), "source": located.source, "files": len(files)},
+    )
+
+
+def _token(external: bool) -> Check:
+    """Where the OPA token comes from (never its value), and whether its file is private."""
+    try:
+        found = configured_token()
+    except ValueError as exc:
+        return Check("opa token", False, str(exc))
+    if found is None:
+        detail = (
+            f"none (${OPA_TOKEN_FILE_ENV} and ${OPA_TOKEN_ENV} unset): an OPA locked down "
+            "with --authentication=token refuses capgate"
+            if external
+            else "not needed: the embedded OPA listens on a private unix socket"
+        )
+        return Check("opa token", True, detail, {"configured": False})
+    _, source = found
+    if not external:
+        return Check(
+            "opa token",
+            True,
+            f"{source.describe()}; not used: the embedded OPA needs none",
+            {"configured": True, "used": False},
+        )
+    problem = token_file_problem(source.path) if source.path is not None else None
+    detail = source.describe() + (f"; {problem}" if problem else "")
+    return Check(
+        "opa token",
+        problem is None,
+        detail,
+        {"configured": True, "used": True, "path": str(source.path) if source.path else None},
     )
 
 
@@ -97,6 +143,7 @@ def run_doctor(
         )
     )
     url = opa_url or os.environ.get(OPA_URL_ENV) or None
+    checks.append(_token(url is not None))
     where = (
         f"external, {url}" + ("" if opa_url else f" (from ${OPA_URL_ENV})")
         if url
@@ -105,7 +152,7 @@ def run_doctor(
     try:
         with PolicySidecar(catalogue, opa_url=url, opa_binary=opa_binary) as sidecar:
             address = sidecar.client.address
-            healthy = sidecar.client.health(bundles=True)
+            healthy = sidecar.ready()
     except (CapgateError, ValueError, OSError) as exc:
         checks.append(Check("opa address", False, f"{where}; not usable: {exc}"))
         return checks
@@ -115,11 +162,11 @@ def run_doctor(
             healthy,
             f"{where}; answered at {address}: "
             + (
-                f"healthy, bundle active, serves catalogue {meta['digest']}"
+                f"ready (healthy, every bundle active), serves catalogue {meta['digest']}"
                 if healthy
-                else "served the catalogue but reports its bundles not (all) active"
+                else "served the catalogue but is not ready: its bundles are not (all) active"
             ),
-            {"address": address, "embedded": url is None, "healthy": healthy},
+            {"address": address, "embedded": url is None, "healthy": healthy, "ready": healthy},
         )
     )
     return checks

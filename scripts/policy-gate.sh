@@ -2,6 +2,12 @@
 # The policy gate, in order: format, strict compile, capabilities, lint, tests with
 # coverage. Any failure stops the gate with a non-zero status.
 #
+# It covers everything under POLICIES_DIR: capgate's decisions (capgate/) and the
+# deployment's system policies (system/authz: who may use OPA's API; system/log: what
+# its decision log keeps), which ship only in the signed deployment bundle. Every
+# folder holding a policy must hold its tests too, and the system policies, which
+# guard OPA itself, must be covered in full.
+#
 # usage: scripts/policy-gate.sh [--only STEP] [POLICIES_DIR]
 #   STEP: fmt, check, capabilities, regal or test (test includes coverage); the
 #   default runs them all. POLICIES_DIR defaults to policies/ (the tests run
@@ -88,6 +94,18 @@ if step regal; then
 fi
 
 if step test; then
+  echo "policy-gate: every policy folder has tests"
+  untested=""
+  while IFS= read -r folder; do
+    if ! compgen -G "$folder/*_test.rego" > /dev/null; then
+      untested="$untested ${folder#"$policies"/}"
+    fi
+  done < <(find "$policies" -name '*.rego' ! -name '*_test.rego' -printf '%h\n' | sort -u)
+  if [ -n "$untested" ]; then
+    echo "policy-gate: these folders hold policies but no *_test.rego:$untested" >&2
+    exit 1
+  fi
+
   echo "policy-gate: opa test"
   "$opa" test --fail-on-empty --timeout 60s "$policies"
 
@@ -95,14 +113,19 @@ if step test; then
   report="$work/coverage.json"
   status=0
   "$opa" test --fail-on-empty --timeout 60s --coverage --threshold "$threshold" "$policies" > "$report" || status=$?
-  python3 - "$report" "$threshold" <<'PY'
+  python3 - "$report" "$threshold" "$policies" <<'PY' || status=1
 import json, sys
 report = json.load(open(sys.argv[1]))
 print(f"policy-gate: policy coverage {report.get('coverage', 0):.2f}% (threshold {sys.argv[2]}%)")
+partial_system = []
 for name, f in sorted(report.get("files", {}).items()):
     missed = [f"{r['start']['row']}-{r['end']['row']}" for r in f.get("not_covered", [])]
     if missed:
         print(f"  {name}: {f.get('coverage', 0):.1f}%, not covered: {', '.join(missed)}")
+        if name.startswith(sys.argv[3].rstrip("/") + "/system/") and not name.endswith("_test.rego"):
+            partial_system.append(name)
+if partial_system:
+    sys.exit(f"policy-gate: system policies must be covered in full: {', '.join(partial_system)}")
 PY
   exit "$status"
 fi

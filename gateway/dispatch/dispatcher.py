@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -217,6 +218,7 @@ class Dispatcher:
                 allow=bool(decision.visible),
                 visible=tuple(sorted(decision.visible)),
                 decision_id=decision.decision_id,
+                revision=policy_revision(decision.bundle_revisions),
             )
         )
         return decision
@@ -668,6 +670,24 @@ def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str
 MAX_ERROR_TEXT: Final = 2000
 
 
+
+#: The longest wait a tool may ask for; a provider asking for more is asked again later.
+_MAX_RETRY_AFTER_SECONDS = 86_400.0
+
+
+def _retry_after(value: object) -> float | None:
+    """The tool's suggested wait, if it is a usable number of seconds.
+
+    A tool's exception is untrusted output like its result: a wait that is not a
+    finite, non-negative number (NaN, infinity, a string) is dropped rather than
+    allowed to break the outcome's record after the tool already ran.
+    """
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(float(value), _MAX_RETRY_AFTER_SECONDS)
+
 def _outcome(contract: ToolContract, grant: Grant, status: OutcomeStatus, **fields: Any) -> Outcome:
     return Outcome(
         tool=contract.name,
@@ -695,9 +715,7 @@ def _run(
     except ToolRefused as exc:
         return _outcome(contract, grant, OutcomeStatus.REFUSED, error=_text(exc))
     except ToolRetryable as exc:
-        retry_after = exc.retry_after_seconds
-        if not isinstance(retry_after, int | float) or isinstance(retry_after, bool):
-            retry_after = None
+        retry_after = _retry_after(exc.retry_after_seconds)
         return _outcome(
             contract,
             grant,

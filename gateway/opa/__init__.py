@@ -3,5 +3,6 @@
 ``binary`` finds and version-checks OPA; ``policies`` locates the Rego shipped with
 capgate; ``bundle`` writes policies plus compiled catalogue; ``process`` runs a
 private OPA; ``client`` asks for decisions and fails closed; ``sidecar`` picks an
-external or embedded OPA and checks it serves our catalogue.
+external or embedded OPA and checks it serves our catalogue; ``deploy`` makes what a
+deployed, locked-down sidecar needs (token, signing keys, OPA config, signed bundle).
 """

@@ -14,6 +14,11 @@ answer (``provenance.bundles``), so a gateway that wrote the bundle can pin it
 
 The bundle is built in a temporary sibling directory and renamed into place, so a
 failure part-way leaves either the previous bundle or nothing, never half of one.
+
+The policies folder may also hold ``system/``: the deployment's own policies for OPA
+(``system.authz``, ``system.log``). They are not capgate's decisions and are never
+part of this bundle; :mod:`gateway.opa.deploy` adds them, with their own roots, to
+the signed bundle a deployed OPA loads (``extra`` and ``extra_roots`` below).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +42,24 @@ __all__ = ["BUNDLE_ROOT", "DATA_PATH", "bundle_revision", "write_bundle"]
 BUNDLE_ROOT = "capgate"
 #: Where the compiled catalogue sits in the bundle, i.e. ``data.capgate.catalogue``.
 DATA_PATH = Path(BUNDLE_ROOT, "catalogue", "data.json")
+#: The folder of the policies folder that holds the deployment's system policies.
+SYSTEM_DIR = "system"
+
+
+def _rego_files(folder: Path) -> list[Path]:
+    """Every ``*.rego`` under ``folder`` but tests, sorted."""
+    return sorted(
+        path
+        for path in folder.rglob("*.rego")
+        if path.is_file() and not path.name.endswith("_test.rego")
+    )
 
 
 def _policy_files(policies_dir: Path) -> list[Path]:
     if not policies_dir.is_dir():
         raise FileNotFoundError(f"policies directory not found: {policies_dir}")
-    files = sorted(
-        path
-        for path in policies_dir.rglob("*.rego")
-        if path.is_file() and not path.name.endswith("_test.rego")
-    )
+    system = policies_dir / SYSTEM_DIR
+    files = [path for path in _rego_files(policies_dir) if system not in path.parents]
     if not files:
         raise FileNotFoundError(
             f"no policy files (*.rego, tests excluded) under {policies_dir}; "
@@ -119,28 +133,62 @@ def _revision(catalogue_digest: str, sources: dict[str, bytes]) -> str:
     return "sha256:" + sha.hexdigest()
 
 
-def bundle_revision(catalogue: Catalogue, policies_dir: Path | None = None) -> str:
+def _sources(policies_dir: Path, extra: Mapping[str, bytes] | None) -> dict[str, bytes]:
+    sources = _policy_sources(policies_dir)
+    for relative, content in (extra or {}).items():
+        if relative in sources or relative == DATA_PATH.as_posix():
+            raise ValueError(f"extra bundle file {relative} would replace a capgate file")
+        parts = Path(relative).parts
+        if not parts or Path(relative).is_absolute() or ".." in parts or parts[0] == BUNDLE_ROOT:
+            raise ValueError(f"extra bundle file {relative}: give a relative path outside capgate/")
+        sources[Path(relative).as_posix()] = bytes(content)
+    return sources
+
+
+def bundle_revision(
+    catalogue: Catalogue,
+    policies_dir: Path | None = None,
+    *,
+    extra: Mapping[str, bytes] | None = None,
+) -> str:
     """The manifest ``revision`` that :func:`write_bundle` gives these inputs.
 
     Same arguments as :func:`write_bundle`; writes nothing. Changes with the
-    catalogue's authority (its digest) and with any byte of any bundled policy file.
+    catalogue's authority (its digest) and with any byte of any bundled policy file
+    (or extra file).
     """
     policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
-    return _revision(compile_catalogue(catalogue)["meta"]["digest"], _policy_sources(policies))
+    digest = compile_catalogue(catalogue)["meta"]["digest"]
+    return _revision(digest, _sources(policies, extra))
 
 
-def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None = None) -> Path:
+def write_bundle(
+    catalogue: Catalogue,
+    out_dir: Path,
+    policies_dir: Path | None = None,
+    *,
+    extra: Mapping[str, bytes] | None = None,
+    extra_roots: Sequence[str] = (),
+) -> Path:
     """Write the bundle directory ``out_dir`` and return it.
 
     It holds every ``*.rego`` under ``policies_dir`` (default: the folder that
-    :func:`gateway.opa.policies.locate_policies` chooses) except ``*_test.rego``, at
-    the same relative paths; the compiled catalogue at ``capgate/catalogue/data.json``;
-    and a ``.manifest`` with :func:`bundle_revision` as ``revision`` and ``capgate``
-    as the only root. An earlier bundle at ``out_dir`` is replaced; any other
-    non-empty directory there is refused with ``FileExistsError``.
+    :func:`gateway.opa.policies.locate_policies` chooses) except ``*_test.rego`` and
+    the ``system/`` folder, at the same relative paths; the compiled catalogue at
+    ``capgate/catalogue/data.json``; and a ``.manifest`` with :func:`bundle_revision`
+    as ``revision`` and ``capgate`` as the only root. An earlier bundle at
+    ``out_dir`` is replaced; any other non-empty directory there is refused with
+    ``FileExistsError``.
+
+    ``extra`` adds files (relative path to bytes, outside ``capgate/``) and
+    ``extra_roots`` the roots they claim; both count in the revision. The deployment
+    bundle (:mod:`gateway.opa.deploy`) adds the system policies this way.
     """
     policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
-    sources = _policy_sources(policies)
+    sources = _sources(policies, extra)
+    roots = [BUNDLE_ROOT, *extra_roots]
+    if len(set(roots)) != len(roots) or not all(roots):
+        raise ValueError(f"bundle roots must be distinct and non-empty: {roots}")
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
     document = compile_catalogue(catalogue)
@@ -155,7 +203,7 @@ def write_bundle(catalogue: Catalogue, out_dir: Path, policies_dir: Path | None 
             target.write_bytes(content)
         _write_json(staging / DATA_PATH, document)
         revision = _revision(document["meta"]["digest"], sources)
-        _write_json(staging / ".manifest", {"revision": revision, "roots": [BUNDLE_ROOT]})
+        _write_json(staging / ".manifest", {"revision": revision, "roots": roots})
         _move_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,6 +9,7 @@ as an allow::
 
     PolicyClient.query(path, input)
     ├── unreachable / connection refused       -> PolicyUnavailable
+    ├── 401: no token, or not one OPA accepts  -> PolicyUnavailable (naming which)
     ├── timeout (connect, write, read, pool)   -> PolicyUnavailable
     ├── whole exchange past its deadline       -> PolicyUnavailable
     ├── any other httpx transport error        -> PolicyUnavailable
@@ -34,6 +35,13 @@ bundle behind the same address must not be obeyed.
 
 Messages name the policy path and what went wrong, never the input: facts carry
 tenant and principal names, and errors end up in logs and agent transcripts.
+
+A locked-down OPA (``--authentication=token --authorization=basic`` with the
+``system.authz`` policy of the deployment bundle, see ``docs/deployment.md``) answers
+only a client that presents the gateway's bearer token. Given ``token=``, the client
+sends ``Authorization: Bearer <token>`` with every request, decisions and health
+checks alike, and keeps it out of every message, log line and ``repr``.
+:meth:`PolicyClient.ready` asks OPA whether it is healthy with every bundle active.
 
 Addresses are restricted to loopback IP literals and unix sockets. Policy traffic
 carries who-may-do-what facts and the answer is trusted as the security decision,
@@ -76,8 +84,10 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "EXECUTE_PATH",
+    "MAX_TOKEN_CHARS",
     "REVIEW_PATH",
     "PolicyClient",
+    "check_token",
 ]
 
 log = logging.getLogger("capgate.opa.client")
@@ -271,6 +281,32 @@ def _deadline_transport(uds: str | None) -> httpx.HTTPTransport:
         retries=0,
     )
     return transport
+
+
+#: The longest bearer token accepted; capgate's own are 43 characters.
+MAX_TOKEN_CHARS: Final = 4096
+# RFC 6750's b64token, which is what can travel in a header unquoted and unaltered.
+_TOKEN_RE: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can be sent as a bearer token, else ValueError.
+
+    RFC 6750's token characters only (letters, digits, ``-._~+/``, then ``=``
+    padding), at most :data:`MAX_TOKEN_CHARS`: anything else (a space, a line break
+    that would start another header, a non-ASCII letter) is refused before it is
+    sent. The message never quotes the token.
+    """
+    if not isinstance(token, str) or not token:
+        raise ValueError("the OPA token is empty")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ValueError(f"the OPA token is longer than {MAX_TOKEN_CHARS} characters")
+    if not _TOKEN_RE.fullmatch(token):
+        raise ValueError(
+            "the OPA token holds a character a bearer token may not (allowed: letters, "
+            "digits, - . _ ~ + / and trailing =)"
+        )
+    return token
 
 
 def _check_path(path: str) -> str:
@@ -512,6 +548,10 @@ class PolicyClient:
     closed). Each decision carries the bundle revisions OPA reported, pinned or not,
     so traces show what answered.
 
+    ``token`` is the bearer token a locked-down OPA requires (see
+    :func:`check_token` for what is accepted); it is sent with every request and
+    shown nowhere (``repr`` says only that one is set).
+
     One ``httpx.Client`` is kept for the client's lifetime so decisions reuse a warm
     connection. Use it as a context manager or call :meth:`close`.
     """
@@ -525,11 +565,15 @@ class PolicyClient:
         transport: httpx.BaseTransport | None = None,
         expected_catalogue: str | None = None,
         expected_revision: str | None = None,
+        token: str | None = None,
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeouts must be positive: waiting forever would not fail closed")
         if expected_catalogue == "" or expected_revision == "":
             raise ValueError("an expected catalogue digest or revision must not be empty")
+        headers = {"Accept-Encoding": "gzip"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {check_token(token)}"
         endpoint = _parse_address(address)
         if transport is None:
             transport = _deadline_transport(endpoint.uds)
@@ -538,6 +582,8 @@ class PolicyClient:
         self.connect_timeout = connect_timeout
         self.expected_catalogue = expected_catalogue
         self.expected_revision = expected_revision
+        #: Whether a bearer token is sent (the token itself is never kept in reach).
+        self.has_token = token is not None
         self._closed = False
         self._http = httpx.Client(
             base_url=endpoint.base_url,
@@ -547,9 +593,10 @@ class PolicyClient:
             # policy traffic off the machine and could answer in OPA's place.
             trust_env=False,
             follow_redirects=False,
-            # What OPA can send, and no more (not brotli or zstd, which httpx offers
-            # when their packages happen to be installed); see _ENCODINGS.
-            headers={"Accept-Encoding": "gzip"},
+            # Accept-Encoding: what OPA can send, and no more (not brotli or zstd,
+            # which httpx offers when their packages happen to be installed); see
+            # _ENCODINGS. Authorization: the bearer token, on every request.
+            headers=headers,
         )
 
     # -- lifecycle -------------------------------------------------------------
@@ -571,7 +618,8 @@ class PolicyClient:
         self.close()
 
     def __repr__(self) -> str:
-        return f"PolicyClient({self.address!r}, timeout={self.timeout})"
+        token = ", token=<set>" if self.has_token else ""
+        return f"PolicyClient({self.address!r}, timeout={self.timeout}{token})"
 
     # -- decisions -------------------------------------------------------------
 
@@ -633,7 +681,10 @@ class PolicyClient:
     def health(self, bundles: bool = True) -> bool:
         """True when OPA answers its health check (with ``bundles``: all activated).
 
-        Answers False rather than raising: callers poll this while OPA starts.
+        Answers False rather than raising: callers poll this while OPA starts. Any
+        answer but 200 is False: 500 while a bundle is not active yet, and, on a
+        locked-down OPA, 500 before the bundle carrying ``system.authz`` is active
+        (OPA then refuses everything) or 401 if its policy refuses the request.
         """
         url = "/health?bundles=true" if bundles else "/health"
         if self._closed:
@@ -646,6 +697,16 @@ class PolicyClient:
         finally:
             _deadline.reset(token)
         return response.status_code == 200
+
+    def ready(self) -> bool:
+        """True when OPA is healthy with every configured bundle activated.
+
+        ``GET /health?bundles=true`` answering 200, within the client's deadline. A
+        sidecar that has not activated its bundle yet (none served, none that verifies)
+        is not ready, and its decisions would be refused anyway: see
+        :meth:`gateway.opa.sidecar.PolicySidecar.ready`, which also checks the catalogue.
+        """
+        return self.health(bundles=True)
 
     def catalogue_digest(self) -> str:
         """The digest of the catalogue OPA serves, to compare with the one loaded.
@@ -708,11 +769,24 @@ class PolicyClient:
         try:
             answer = _parse_answer(path, head, content)
             self._check_revision(path, answer)
-        except PolicyUnavailable:
+        except PolicyUnavailable as exc:
             self._log(path, started, None, f"bad answer (HTTP {head.status})")
+            if head.status == 401:
+                raise PolicyUnavailable(f"{exc}: {self._refused_hint()}") from None
             raise
         self._log(path, started, answer.decision_id, None)
         return answer
+
+    def _refused_hint(self) -> str:
+        if self.has_token:
+            return (
+                "OPA refused this client's token; is it the gateway token of the "
+                "deployment whose bundle OPA serves?"
+            )
+        return (
+            "OPA requires a token (it runs with --authentication=token); give the "
+            "gateway's token with $CAPGATE_OPA_TOKEN_FILE or $CAPGATE_OPA_TOKEN"
+        )
 
     def _check_revision(self, path: str, answer: _Answer) -> None:
         """With a pinned revision, OPA must report it and no other for the answer."""

@@ -6,32 +6,180 @@ temporary folder, starts a local OPA on a unix socket, and stops it on close. In
 both cases it then checks that OPA serves exactly the catalogue this process
 loaded: a dispatcher whose catalogue differs from the policy's would describe
 tools that OPA judges by other rules.
+
+An external OPA deployed as ``docs/deployment.md`` describes is locked down: it
+answers only the gateway's bearer token. The token comes from the ``token`` or
+``token_file`` argument, else ``$CAPGATE_OPA_TOKEN`` or ``$CAPGATE_OPA_TOKEN_FILE``
+(one of the two; a file holds the token alone, a final newline allowed). It is sent
+to the external OPA only, never logged or shown; :attr:`PolicySidecar.token_source`
+says where it came from. The embedded OPA, on a socket only this user can reach,
+needs none.
+
+Readiness. An external OPA may start before its bundle server serves anything, and
+until it has activated a bundle that verifies it answers nothing capgate obeys.
+Given ``startup_timeout`` (or ``$CAPGATE_OPA_STARTUP_TIMEOUT``) seconds, the
+constructor waits that long for :meth:`PolicySidecar.ready`, then fails closed with
+PolicyUnavailable; without it (the default, 0) it asks once. Every decision is
+checked again whatever happened at start-up (the catalogue digest it carries), so
+an OPA that restarts and loses its bundle is refused, never obeyed.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import stat
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 from gateway.catalogue import compile_catalogue
 from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
 from gateway.opa.binary import OPABinary
 from gateway.opa.bundle import bundle_revision, write_bundle
-from gateway.opa.client import DEFAULT_TIMEOUT, PolicyClient
+from gateway.opa.client import DEFAULT_TIMEOUT, PolicyClient, check_token
 from gateway.opa.policies import PoliciesLocation, locate_policies
 from gateway.opa.process import EmbeddedOPA
 from gateway.opa.workdir import PrivateDir, private_dir, write_errors
 
-__all__ = ["OPA_URL_ENV", "PolicySidecar"]
+__all__ = [
+    "OPA_STARTUP_TIMEOUT_ENV",
+    "OPA_TOKEN_ENV",
+    "OPA_TOKEN_FILE_ENV",
+    "OPA_URL_ENV",
+    "PolicySidecar",
+    "TokenSource",
+    "configured_token",
+    "read_token_file",
+    "startup_timeout_from_env",
+    "token_file_problem",
+]
 
 log = logging.getLogger("capgate.opa.sidecar")
 
 #: Environment variable naming an external OPA, e.g. ``http://127.0.0.1:8181``.
 OPA_URL_ENV = "CAPGATE_OPA_URL"
+#: Environment variable holding the bearer token of a locked-down external OPA.
+OPA_TOKEN_ENV: Final = "CAPGATE_OPA_TOKEN"  # noqa: S105 (a variable name, not a token)
+#: Environment variable naming a file that holds that token (0600, the token alone).
+OPA_TOKEN_FILE_ENV: Final = "CAPGATE_OPA_TOKEN_FILE"  # noqa: S105 (a name)
+#: Environment variable: seconds to wait for an external OPA to become ready.
+OPA_STARTUP_TIMEOUT_ENV: Final = "CAPGATE_OPA_STARTUP_TIMEOUT"
+
+#: The longest start-up wait accepted: a gateway that waits longer is better restarted.
+MAX_STARTUP_TIMEOUT: Final = 3600.0
+#: The largest token file read; a token is at most a few kilobytes.
+_MAX_TOKEN_FILE_BYTES: Final = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSource:
+    """Where the OPA token came from: never the token itself.
+
+    ``origin`` is ``argument`` or ``env`` (``$CAPGATE_OPA_TOKEN``), or for a file
+    ``file argument`` or ``file env`` (``$CAPGATE_OPA_TOKEN_FILE``), with ``path``.
+    """
+
+    origin: str
+    path: Path | None = None
+
+    def describe(self) -> str:
+        return {
+            "argument": "given by the caller",
+            "env": f"from ${OPA_TOKEN_ENV}",
+            "file argument": f"read from {self.path} (given by the caller)",
+            "file env": f"read from {self.path} (from ${OPA_TOKEN_FILE_ENV})",
+        }[self.origin]
+
+
+def read_token_file(path: Path) -> str:
+    """The token a file holds: its whole content, one final newline allowed.
+
+    ValueError (naming the file, never its content) if it cannot be read, is empty,
+    too large, or holds anything a bearer token may not
+    (:func:`gateway.opa.client.check_token`).
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            data = file.read(_MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"OPA token file {path}: cannot read it: {exc.strerror}") from None
+    if len(data) > _MAX_TOKEN_FILE_BYTES:
+        raise ValueError(f"OPA token file {path} is larger than a token can be")
+    text = data.decode("ascii", errors="replace")
+    if text.endswith("\n"):
+        text = text[:-1]
+    try:
+        return check_token(text)
+    except ValueError as exc:
+        raise ValueError(f"OPA token file {path}: {exc}") from None
+
+
+def configured_token(
+    token: str | None = None,
+    token_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, TokenSource] | None:
+    """The token to send an external OPA and where it came from, or None.
+
+    The arguments win over the environment; giving both arguments, or setting both
+    variables, is a ValueError: one token, from one place.
+    """
+    env = os.environ if environ is None else environ
+    if token is not None and token_file is not None:
+        raise ValueError("give the OPA token or a file that holds it, not both")
+    if token is not None:
+        return check_token(token), TokenSource("argument")
+    if token_file is not None:
+        return read_token_file(Path(token_file)), TokenSource("file argument", Path(token_file))
+    value, file = env.get(OPA_TOKEN_ENV), env.get(OPA_TOKEN_FILE_ENV)
+    if value and file:
+        raise ValueError(f"set ${OPA_TOKEN_ENV} or ${OPA_TOKEN_FILE_ENV}, not both")
+    if value:
+        try:
+            return check_token(value), TokenSource("env")
+        except ValueError as exc:
+            raise ValueError(f"${OPA_TOKEN_ENV}: {exc}") from None
+    if file:
+        return read_token_file(Path(file)), TokenSource("file env", Path(file))
+    return None
+
+
+def token_file_problem(path: Path) -> str | None:
+    """Why a token file is not private to its owner (group or others may read or
+    write it, or it is not a regular file), or None."""
+    try:
+        info = Path(path).stat()
+    except OSError as exc:
+        return f"cannot stat it: {exc.strerror}"
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
+    if info.st_mode & 0o077:
+        return f"its mode is {stat.S_IMODE(info.st_mode):04o}: other users may read it (chmod 600)"
+    return None
+
+
+def startup_timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """``$CAPGATE_OPA_STARTUP_TIMEOUT`` in seconds (0 when unset); ValueError if malformed."""
+    text = (os.environ if environ is None else environ).get(OPA_STARTUP_TIMEOUT_ENV, "")
+    if not text.strip():
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_STARTUP_TIMEOUT:
+        raise ValueError(
+            f"${OPA_STARTUP_TIMEOUT_ENV} is {text[:40]!r}: give seconds from 0 to "
+            f"{MAX_STARTUP_TIMEOUT:.0f}"
+        )
+    return value
 
 
 class PolicySidecar:
@@ -39,6 +187,11 @@ class PolicySidecar:
 
     ``opa_env`` adds variables to the embedded OPA's minimal environment (see
     :mod:`gateway.opa.process`); policies can read them, so pass no secrets.
+
+    For an external OPA: ``token`` or ``token_file`` (else the environment, see the
+    module docstring) is the bearer token it requires, and ``startup_timeout``
+    (else ``$CAPGATE_OPA_STARTUP_TIMEOUT``, else 0) how many seconds to wait for it
+    to become ready before failing closed.
     """
 
     def __init__(
@@ -50,10 +203,16 @@ class PolicySidecar:
         policies_dir: Path | None = None,
         opa_binary: Path | None = None,
         opa_env: Mapping[str, str] | None = None,
+        token: str | None = None,
+        token_file: Path | None = None,
+        startup_timeout: float | None = None,
     ) -> None:
         self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
         url = opa_url or os.environ.get(OPA_URL_ENV) or None
         self.process: EmbeddedOPA | None = None
+        #: Where the external OPA's token came from; None when none is sent (always
+        #: for the embedded OPA, whose socket only this user can reach).
+        self.token_source: TokenSource | None = None
         #: The policies bundled for the embedded OPA; None for an external OPA,
         #: which serves whatever bundle its operator gave it.
         self.policies: PoliciesLocation | None = None
@@ -63,7 +222,16 @@ class PolicySidecar:
         # is not ours. An external OPA's operator may publish new policies through a
         # bundle server without restarting gateways; its revisions are only recorded.
         revision: str | None = None
+        secret: str | None = None
+        wait = 0.0
         try:
+            if url is not None:
+                found = configured_token(token, token_file)
+                if found is not None:
+                    secret, self.token_source = found
+                wait = startup_timeout_from_env() if startup_timeout is None else startup_timeout
+                if not 0 <= wait <= MAX_STARTUP_TIMEOUT:
+                    raise ValueError(f"startup_timeout must be from 0 to {MAX_STARTUP_TIMEOUT}")
             if url is None:
                 self.policies = (
                     locate_policies()
@@ -87,7 +255,11 @@ class PolicySidecar:
                 timeout=timeout or DEFAULT_TIMEOUT,
                 expected_catalogue=self.expected_digest,
                 expected_revision=revision,
+                token=secret,
             )
+            del secret
+            if wait > 0:
+                self._wait_ready(self._client, wait)
             self._check_catalogue(self._client)
             log.info("%s", self.describe())
         except BaseException:
@@ -115,7 +287,12 @@ class PolicySidecar:
     def describe_lines(self) -> list[str]:
         """Which OPA, policies and catalogue are in use, one line each."""
         if self.process is None or self.policies is None or self.process.binary is None:
-            return [f"OPA: external, {self.client.address}", f"catalogue: {self.expected_digest}"]
+            token = self.token_source.describe() if self.token_source else "none"
+            return [
+                f"OPA: external, {self.client.address}",
+                f"OPA token: {token}",
+                f"catalogue: {self.expected_digest}",
+            ]
         return [
             f"OPA: embedded, {self.process.binary.describe()}, pid {self.process.pid}",
             f"policies: {self.policies.describe()}",
@@ -125,6 +302,39 @@ class PolicySidecar:
     def describe(self) -> str:
         """:meth:`describe_lines` as one line, for logs."""
         return "; ".join(self.describe_lines())
+
+    def ready(self) -> bool:
+        """True when OPA is healthy with every bundle active and serves this catalogue.
+
+        What a service's readiness probe should report: until it is true no decision
+        is obeyed (each one must carry this catalogue's digest), so the gateway
+        denies every call. Never raises.
+        """
+        if self._client is None or not self._client.ready():
+            return False
+        try:
+            return self._client.catalogue_digest() == self.expected_digest
+        except PolicyUnavailable:
+            return False
+
+    def _wait_ready(self, client: PolicyClient, seconds: float) -> None:
+        """Poll OPA's readiness for up to ``seconds``; PolicyUnavailable after that.
+
+        Only readiness is waited for: an OPA that is ready but serves another
+        catalogue fails at once in :meth:`_check_catalogue`.
+        """
+        deadline = time.monotonic() + seconds
+        pause = 0.05
+        while not client.ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PolicyUnavailable(
+                    f"OPA at {client.address} was not ready within {seconds:g}s (GET "
+                    "/health?bundles did not answer 200): no bundle active yet, or "
+                    "none that verifies; capgate asks it nothing until it is"
+                )
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.5)
 
     def _check_catalogue(self, client: PolicyClient) -> None:
         """Fail at start-up, with advice, if OPA serves another catalogue (or bundle).

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -25,6 +28,8 @@ from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDeci
 from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from gateway.opa.binary import find_opa
 from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
+from gateway.opa.deploy import token_sha256
+from gateway.opa.policies import default_policies_dir
 from gateway.opa.process import EmbeddedOPA
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
@@ -370,3 +375,73 @@ def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
             worker.join(timeout=5)
     deadline = DEFAULT_CONNECT_TIMEOUT + 2 * 0.5
     assert elapsed < deadline + 1.0
+
+
+# -- a locked-down OPA: token authentication and the deployment's system.authz ---------
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_locked_down_opa_answers_the_token_only(transport: str, tmp_path: Path) -> None:
+    """The client's bearer token against OPA's own authentication, over both
+    transports: the test bundle plus the real ``system.authz`` and a token hash."""
+    token = "live-token-0123456789"
+    bundle = write_bundle(tmp_path)
+    (bundle / ".manifest").write_text(
+        json.dumps({"revision": REVISION, "roots": ["capgate", "system/authz", "system/gateway"]})
+    )
+    (bundle / "system" / "authz").mkdir(parents=True)
+    (bundle / "system" / "authz" / "authz.rego").write_bytes(
+        (default_policies_dir() / "system" / "authz" / "authz.rego").read_bytes()
+    )
+    (bundle / "system" / "gateway").mkdir()
+    (bundle / "system" / "gateway" / "data.json").write_text(
+        json.dumps({"tokens": {token_sha256(token): {}}})
+    )
+    folder = Path(tempfile.mkdtemp(prefix="capgate-live-", dir="/tmp"))  # short socket path
+    address = f"unix://{folder}/opa.sock" if transport == "unix" else ""
+    if transport == "tcp":
+        address = f"http://127.0.0.1:{free_port()}"
+    addr = address if transport == "unix" else address.removeprefix("http://")
+    log = tmp_path / "opa.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(find_opa().path),
+                "run",
+                "--server",
+                "--addr",
+                addr,
+                "--bundle",
+                str(bundle),
+                "--authentication=token",
+                "--authorization=basic",
+                "--skip-version-check",
+                "--unix-socket-perm",
+                "600",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={},
+        )
+    try:
+        with PolicyClient(address, token=token, timeout=5.0, connect_timeout=5.0) as client:
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while not client.ready():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert client.catalogue_digest() == DIGEST
+            composed = client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+            assert composed.catalogue_digest == DIGEST
+        with PolicyClient(address, timeout=5.0) as anonymous:
+            assert anonymous.ready()  # health is anyone's
+            with pytest.raises(PolicyUnavailable, match=r"401.*requires a token"):
+                anonymous.catalogue_digest()
+        impostor = PolicyClient(address, token="another-token", timeout=5.0)
+        with impostor, pytest.raises(PolicyUnavailable, match=r"401.*refused this client's token"):
+            impostor.compose(ComposeInput.model_validate(COMPOSE_FACTS))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)

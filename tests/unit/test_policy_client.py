@@ -874,3 +874,51 @@ def test_loopback_and_unix_addresses_are_accepted(address: str) -> None:
 def test_other_addresses_are_refused(address: str) -> None:
     with pytest.raises(ValueError, match="OPA address"):
         PolicyClient(address)
+
+
+# -- readiness and the bearer token (a locked-down OPA, docs/deployment.md) ------------
+
+
+@pytest.mark.parametrize(
+    ("handler", "ready"),
+    [
+        (answer({}), True),
+        (answer({"code": "internal_error"}, status=500), False),  # a bundle not active yet
+        (answer({"code": "unauthorized"}, status=401), False),
+        (raising(httpx.ConnectError), False),
+        (raising(httpx.ReadTimeout), False),
+    ],
+)
+def test_ready_is_health_with_every_bundle_active(handler: Handler, ready: bool) -> None:
+    seen: list[httpx.Request] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    with client_for(recording) as client:
+        assert client.ready() is ready
+    assert [(r.method, r.url.path, r.url.query) for r in seen] == [
+        ("GET", "/health", b"bundles=true")
+    ]
+
+
+def test_the_bearer_token_goes_with_decisions_and_health_and_nowhere_else() -> None:
+    token = "tok-" + "a" * 40
+    seen: list[httpx.Request] = []
+
+    def opa(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        return httpx.Response(200, json={"decision_id": DECISION_ID, "result": DIGEST})
+
+    transport = httpx.MockTransport(opa)
+    with PolicyClient("http://127.0.0.1:8181", transport=transport, token=token) as client:
+        assert client.ready()
+        assert client.catalogue_digest() == DIGEST
+        assert token not in repr(client)
+    assert {r.headers.get("Authorization") for r in seen} == {f"Bearer {token}"}
+    with PolicyClient("http://127.0.0.1:8181", transport=transport) as client:
+        assert client.catalogue_digest() == DIGEST
+    assert "Authorization" not in seen[-1].headers
