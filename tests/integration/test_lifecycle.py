@@ -1063,6 +1063,22 @@ def test_an_operation_id_a_call_used_cannot_be_proposed_for_another_call(
     assert desk.mailbox == {}
 
 
+def test_a_call_cannot_take_the_operation_id_of_a_pending_proposal(
+    gateway: Gateway, store: Store, desk: SalesDesk
+) -> None:
+    gather_evidence(gateway)
+    proposal = propose(gateway, operation_id="op-held")
+    # The id is the proposal's from the moment it is proposed: a read under it is
+    # refused, rather than letting the reviewed dispatch collide with it later.
+    with pytest.raises(OperationConflict, match="belongs to proposal"):
+        gateway.call(SALES_REQUEST, "contact.read", {"contact_id": "c-42"}, operation_id="op-held")
+    assert operation_of(store, "op-held") is None
+    gateway.review(proposal.id, MANAGER, "approved")
+    outcome = gateway.dispatch(proposal.id)
+    assert outcome.status is OutcomeStatus.SUCCESS
+    assert list(desk.mailbox) == ["op-held"]
+
+
 # -- 9. bad input: a clear error, nothing partly written ------------------------------------------
 
 
