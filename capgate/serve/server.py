@@ -331,6 +331,11 @@ class GatewayMCP:
             return internal_error()
         if name not in visible:
             log.info("tools/call of a tool not visible to %s: %s", caller.key, quote(name, 60))
+            record = functools.partial(self.gateway.record_unseen_call, caller.request, name)
+            try:
+                await self._in_thread(self._calls, record)
+            except Exception as exc:  # the answer stays the same; the audit gap is logged
+                log.error("could not record a call of an unseen tool (%s)", type(exc).__name__)
             return unknown_tool()
         call = functools.partial(
             self.gateway.call, caller.request, name, arguments, operation_id=operation_id

@@ -26,6 +26,7 @@ outcome; with another call it is an :class:`~gateway.errors.OperationConflict`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -106,6 +107,12 @@ DEFAULT_DUPLICATE_WAIT: Final = 10.0
 _UNSETTLED: Final = (OutcomeStatus.RETRYABLE, OutcomeStatus.UNKNOWN)
 #: Checks an operation id as the policy input will (see _operation_id).
 _IDENTIFIER: Final = TypeAdapter(Identifier)
+
+
+def _text_digest(text: object) -> str:
+    """``sha256:<hex>`` of a caller's string, to record it without repeating it."""
+    data = text.encode("utf-8", "replace") if isinstance(text, str) else repr(text).encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 #: Messages of the refusals found after OPA's allow, while claiming the operation.
 _REFUSALS: Final = {
     "budget_exhausted": "another call spent the budget first; nothing was run",
@@ -299,6 +306,36 @@ class Gateway:
             )
         )
         return decision
+
+    def record_unseen_call(self, request: AgentRequest, tool: str) -> None:
+        """Record an attempt to call a tool the caller cannot see.
+
+        A front that answers such a call itself (the MCP server answers a hidden tool
+        exactly like a missing one, without asking OPA) still leaves the attempt in
+        the ledger, so that an agent probing for tools shows up in an audit. Hidden
+        and nonexistent names are recorded alike; a name too long or odd to be a
+        tool's is kept as its digest only.
+        """
+        request = _request(request)
+        try:
+            name: str | None = _IDENTIFIER.validate_python(tool)
+        except ValidationError:
+            name = None
+        self._append(
+            LedgerEntry(
+                kind="decision",
+                tenant=request.tenant,
+                principal=_who(request.principal),
+                tool=name,
+                outcome="denied",
+                reason_codes=["unknown_tool"],
+                detail={
+                    "task": request.task_id,
+                    "stage": "unseen",
+                    **({} if name else {"tool_digest": _text_digest(tool)}),
+                },
+            )
+        )
 
     # -- call and propose ----------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from gateway.opa.bundle import write_bundle
 from gateway.opa.sidecar import PolicySidecar
 from gateway.service.gateway import Gateway
 from gateway.state import open_store
+from gateway.state.records import LedgerEntry
 from tests.integration.mcp_server_support import (
     CAPGATE,
     FINANCE_BOT,
@@ -296,6 +297,10 @@ class RawStdio:
 
 
 def test_a_hidden_tool_and_a_missing_one_get_the_same_bytes(state: dict[str, Any]):
+    def unseen() -> list[LedgerEntry]:
+        return [e for e in ledger(state["store"]) if e.reason_codes == ["unknown_tool"]]
+
+    before = len(unseen())
     raw = RawStdio(state)
     try:
         raw.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -319,6 +324,16 @@ def test_a_hidden_tool_and_a_missing_one_get_the_same_bytes(state: dict[str, Any
     assert all(answer == first for answer in answers.values()), answers
     assert visible != first
     assert "payment.execute" not in [r["name"] for r in records(state["record"])]
+    # Each attempt is in the ledger alike, hidden or missing; an odd name as a digest.
+    attempts = unseen()[before:]
+    assert [(e.kind, e.outcome, e.tool, e.principal) for e in attempts] == [
+        ("decision", "denied", "payment.execute", "sales-bot/sales"),
+        ("decision", "denied", "payment.execute", "sales-bot/sales"),
+        ("decision", "denied", "no.such.tool", "sales-bot/sales"),
+        ("decision", "denied", None, "sales-bot/sales"),
+    ]
+    assert attempts[3].detail["tool_digest"].startswith("sha256:")
+    assert "z" * 100 not in json.dumps([e.model_dump(mode="json") for e in attempts])
 
 
 def test_hidden_and_missing_tools_look_alike_on_2026_connections_too(state: dict[str, Any]):
