@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.mcp.config import ServerSpec, parse_servers
 from gateway.dispatch.transport import Adapter
 from gateway.errors import CapgateError, InvalidInput, quote
-from gateway.model.facts import Identifier, Principal, Task
+from gateway.model.facts import Identifier
 from gateway.service.credentials import CredentialResolver, EnvironmentCredentials, NoCredentials
 from gateway.service.requests import AgentRequest
 
@@ -83,23 +83,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Binding(_Strict):
-    """Who a caller is: the agent request every call of theirs is made with."""
+class Binding(AgentRequest):
+    """Who a caller is: the agent request every call of theirs is made with.
 
-    principal: Principal
-    task: Task
-    environment: Identifier
-
-    @field_validator("task")
-    @classmethod
-    def _task_has_an_id(cls, task: Task) -> Task:
-        if task.id is None:
-            raise ValueError("the task needs an id: the gateway keeps evidence per task")
-        return task
+    An :class:`AgentRequest` itself (same fields, same checks: the task needs its id),
+    so that the file cannot say more about a caller than a library caller can.
+    """
 
     @property
     def request(self) -> AgentRequest:
-        """The request every call of this caller is made with."""
+        """The request every call of this caller is made with (this binding's own
+        fields, without the binding's extras such as an HTTP token's name)."""
         return AgentRequest(principal=self.principal, task=self.task, environment=self.environment)
 
 
