@@ -5,7 +5,7 @@
 VENV := .venv/bin
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup help demo test policy-test lint typecheck unit integration fuzz bench clean
+.PHONY: setup help demo test policy-test lint typecheck unit integration images fuzz bench clean
 
 # The first target is the default: a bare `make` sets up and stops.
 setup: ## build the pinned OPA and Regal, create .venv, fill .tools/wheelhouse (idempotent)
@@ -34,8 +34,17 @@ typecheck: setup ## strict mypy over gateway, adapters and capgate
 unit: setup ## fast tests of the Python logic (no OPA)
 	$(VENV)/python -m pytest -m "not integration" tests
 
-integration: setup ## tests against a real OPA process, of the set-up scripts, and a short fuzz run
-	$(VENV)/python -m pytest -m integration tests
+# The Docker engine is started for the run when none answers (as root; installed from
+# Debian's packages when missing) and stopped again afterwards if this run started it;
+# the images are built locally first (nothing is pulled). Without an engine it can
+# use, the run fails saying why: container-backed tests are never skipped.
+integration: setup ## tests against real OPA (local processes and containers), set-up scripts, a short fuzz run
+	@bash scripts/docker-engine.sh run bash -c \
+		'bash scripts/docker-images.sh && $(VENV)/python -m pytest -m integration tests'
+
+images: setup ## start the Docker engine if none answers; build the OPA, Python-base and gateway images
+	@bash scripts/docker-engine.sh start
+	@bash scripts/docker-images.sh
 
 # The long fuzz run (tests/fuzz/runs.py): hypothesis properties with FUZZ_EXAMPLES
 # examples each, every atheris target for FUZZ_SECONDS; the same fixed seeds as the
@@ -49,5 +58,6 @@ fuzz: setup ## the long fuzz run: 5,000 examples per property, 2 minutes per ath
 bench: setup ## measure compose times by catalogue size into docs/benchmarks.md
 	$(VENV)/python benchmarks/compose_scaling.py --output docs/benchmarks.md
 
-clean: ## remove .tools (binaries, logs, wheelhouse), .venv and the tool caches
+clean: ## stop the Docker engine set-up started; remove .tools (binaries, images, logs), .venv, caches
+	@bash scripts/docker-engine.sh stop
 	rm -rf .tools .venv .mypy_cache .pytest_cache .ruff_cache .hypothesis

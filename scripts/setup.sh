@@ -6,7 +6,8 @@
 #   3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
 #      tests/integration/test_packaging.py can install the built wheel offline;
 #   4. the system programs the integration tests start for real: the PostgreSQL
-#      server binaries (installed from Debian's packages when missing and run as root);
+#      server binaries, the Docker engine with docker-compose, and debootstrap
+#      (installed from Debian's packages when missing and run as root);
 #   5. the real MCP servers the upstream tests run as peers, at the versions pinned in
 #      scripts/versions.env, in .tools/mcp-peers (npm packages with `npm install
 #      --prefix`, PyPI packages in their own venv .tools/mcp-peers/venv).
@@ -225,8 +226,9 @@ need_program() { # what, package, test command...
     echo "setup: $what missing (Debian package $package)"
     stale=1
   elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # shellcheck disable=SC2086 # $package may name several packages
     run_step "installing $package from Debian's packages" "installed $package" \
-      "$logs/apt-$package.log" apt_install "$package"
+      "$logs/apt-${package%% *}.log" apt_install $package
   else
     echo "setup: $what missing: install the Debian package $package" \
       "(sudo apt-get install $package) and run set-up again" >&2
@@ -238,6 +240,18 @@ has_postgres() {
   command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
 need_program "PostgreSQL server binaries" postgresql has_postgres
+
+# The Docker engine and docker-compose (the container-backed tests, docker-compose.yml)
+# and debootstrap (the local stand-in for the gateway image's Python base). Installed
+# here; `make integration` starts the engine for its run when none answers and stops
+# it again (scripts/docker-engine.sh), `make images` starts it and leaves it running.
+has_docker() {
+  command -v dockerd >/dev/null && command -v docker >/dev/null &&
+    command -v docker-compose >/dev/null
+}
+need_program "Docker engine and docker-compose" "docker.io docker-compose" has_docker
+has_debootstrap() { command -v debootstrap >/dev/null; }
+need_program "debootstrap" debootstrap has_debootstrap
 
 # 5. MCP peers: servers nobody here wrote, from the registries, run offline by the tests.
 # The stamp holds the pins they were installed at; it lands only after both installs

@@ -466,6 +466,9 @@ def opa_run_args(*, config_file: Path, addr: str, opa_binary: Path | None = None
         "--skip-version-check",
         "--log-format",
         "json",
+        # Read-optimised store: the catalogue is read on every decision and written
+        # once per bundle (docs/benchmarks.md).
+        "--optimize-store-for-read-speed",
     ]
     if addr.startswith("unix://"):
         args += ["--unix-socket-perm", "600"]

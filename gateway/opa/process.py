@@ -229,6 +229,10 @@ class EmbeddedOPA:
             "--log-format",
             "json",
             "--skip-version-check",
+            # Keep the data as Rego values instead of converting the catalogue's
+            # objects on every read: compose of 10,000 tools takes a third of the time
+            # (docs/benchmarks.md). The store is written once per bundle activation.
+            "--optimize-store-for-read-speed",
         ]
         # A file, not a PIPE: nobody reads OPA's output while it runs, and a full
         # pipe would block OPA mid-decision.
