@@ -5,7 +5,7 @@
 VENV := .venv/bin
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup help demo test policy-test lint typecheck unit integration images fuzz bench clean
+.PHONY: setup help demo test policy-test policy-watch lint typecheck unit integration images fuzz bench clean
 
 # The first target is the default: a bare `make` sets up and stops.
 setup: ## build the pinned OPA and Regal, create .venv, fill .tools/wheelhouse (idempotent)
@@ -23,6 +23,9 @@ test: policy-test lint typecheck unit integration ## run every gate (what CI run
 
 policy-test: setup ## Rego gate: opa fmt, check --strict, capabilities (no network), regal, opa test + coverage
 	@bash scripts/policy-gate.sh
+
+policy-watch: setup ## re-run the policy gate on every save under policies/ (Ctrl-C stops)
+	@bash scripts/policy-watch.sh
 
 lint: setup ## ruff check and ruff format --check over the Python code and tests
 	$(VENV)/ruff check gateway adapters capgate tests benchmarks
@@ -55,7 +58,7 @@ fuzz: setup ## the long fuzz run: 5,000 examples per property, 2 minutes per ath
 	CAPGATE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CAPGATE_ATHERIS_SECONDS=$(FUZZ_SECONDS) \
 		$(VENV)/python -m pytest -m integration tests/fuzz
 
-bench: setup ## measure compose times by catalogue size into docs/benchmarks.md
+bench: setup ## measure every goal of issue 9 into docs/benchmarks.md and docs/benchmarks.svg
 	$(VENV)/python benchmarks/compose_scaling.py --output docs/benchmarks.md
 
 clean: ## stop the Docker engine set-up started; remove .tools (binaries, images, logs), .venv, caches

@@ -1,22 +1,36 @@
-"""Benchmark: one compose query against per-tool queries, and the dispatcher's overhead.
+"""Benchmark every goal of issue 9 in one run, and write docs/benchmarks.md.
 
-Run with ``make bench``. It prints ratios measured in this one run; the machine is
-shared and noisy, so treat absolute numbers as indicative and compare within a run.
-With ``--output FILE`` it also writes the results as Markdown (docs/benchmarks.md).
+Run with ``make bench``. Each measure is printed with its goal and PASS or FALLS
+SHORT; with ``--output FILE`` the results go to Markdown, and a log-log plot of
+compose and execute latency against catalogue size to ``--plot FILE`` (SVG, drawn
+by :mod:`benchmarks.plot`). The machine is shared and noisy: every figure is from
+this one run, and the ratios compare measures taken within it.
 
-1. Compose scaling: for catalogues of 10 to 10,000 synthetic tools, the latency of
-   one ``capgate/compose`` query, against making the same decisions with one query
-   per tool (``data.capgate.visibility.reasons`` for that tool). The two must agree
-   tool for tool, or the benchmark stops.
-2. Call overhead: ``Dispatcher.call`` of an in-process no-op tool, against a bare
-   HTTP POST of the same execute input over the same kind of connection.
-3. Client library: our httpx ``PolicyClient`` against ``opa-python-client``
-   (requests-based) for the same query over TCP on 127.0.0.1.
+What is measured, on synthetic catalogues of 10 to 10,000 tools and on the demo
+catalogue:
+
+1. Compose end to end: ``PolicyClient.compose`` (library call to decision object)
+   against the embedded OPA with the client's default timeouts, p50 and max, next
+   to OPA's own evaluation time (``opa bench``) for the same query and data.
+2. Compose as one query against one query per tool (the per-tool checks execute
+   asks, through a probe rule), at 1,000 tools; both must agree tool for tool.
+3. Execute: ``opa bench`` of ``capgate/execute/decision`` on the demo catalogue, and
+   at 10,000 against 100 tools.
+4. An authorised call (``Dispatcher.call`` of a no-op in-process tool) against a raw
+   ``http.client`` keep-alive POST of the same input to the same OPA, with httpx and
+   httpcore POSTs beside it; and 2 concurrent agents (threads) against 1.
+5. The sidecar: start to bundle active, and the first decision after it reports
+   ready against the warm p50.
+6. The client library: ``PolicyClient`` against opa-python-client (requests) on the
+   same compose query over TCP (docs/architecture.md says why capgate keeps its own).
+
+Benchmarks are scripts, not tests: CI times nothing. Correctness stays tested.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
@@ -26,56 +40,43 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from adapters.in_process import InProcessTools
+from benchmarks.plot import loglog_svg
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
+from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.registry import ToolRegistry
+from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput, ExecuteInput
+from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.facts import Budget, ComposeInput, ExecuteInput
 from gateway.opa.binary import find_opa_binary
-from gateway.opa.bundle import default_policies_dir, write_bundle
-from gateway.opa.client import PolicyClient
+from gateway.opa.bundle import write_bundle
+from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
+from gateway.opa.policies import default_policies_dir
 from gateway.opa.sidecar import PolicySidecar
 
 SIZES = (10, 100, 1_000, 10_000)
-
-# How to read the figures; written under the tables in docs/benchmarks.md.
-NOTES = """## Reading these figures
-
-- **One compose query beats per-tool queries** at every size: the per-tool way pays
-  one HTTP round trip and one policy evaluation setup per tool. Both were checked to
-  give the same reasons for every tool before any time was reported.
-- **Compose is linear in the catalogue** (about ten times the time for ten times the
-  tools). Each check runs once over the whole catalogue as an inline comprehension
-  (`capgate.visibility.visible_tools` / `excluded_tools`); most of the remaining cost
-  is building one reason object, with its message, per hidden tool. In the synthetic
-  catalogue 95% of the tools are hidden, so this is close to the worst case.
-- **Through the server, compose costs more than `opa bench` shows** for the same
-  policy: OPA encodes the whole decision as JSON, and the decision logger (on so that
-  OPA returns a decision id) builds an event for every answer before the embedded
-  OPA's `drop` policy discards it.
-- **Call overhead** is what the dispatcher adds to the bare OPA round trip:
-  validating parameters and facts, the digest, strict validation of the decision,
-  running the tool and validating its output. A profile shows most of a call's time
-  is still the round trip to OPA (waiting on the socket, then httpx's own work).
-- **Client library**: see docs/architecture.md for why the client is built on httpx.
-"""
 ROLES = ("sales", "support", "finance", "ops")
 ENVIRONMENTS = ("development", "staging", "production")
 COSTS = ("free", "low", "medium", "high")
 
-# A one-line probe module: the per-tool question, asked through the real visibility rules.
+# The per-tool question, asked through the real per-tool checks execute makes.
 PROBE = """package capgate.bench
 
-reasons := data.capgate.visibility.reasons(input.tool)
+checks := data.capgate.visibility.checks(input.tool)
 """
 
 
@@ -121,6 +122,26 @@ SYNTHETIC_FACTS = ComposeInput.model_validate(
 )
 
 
+def synthetic_call(catalogue: Catalogue) -> ExecuteInput:
+    """An allowed call of tool.00000 (sales, no connection, free, development)."""
+    return ExecuteInput.model_validate(
+        {
+            **SYNTHETIC_FACTS.model_dump(mode="json"),
+            "environment": "development",
+            "call": {
+                "tool": "tool.00000",
+                "version": 1,
+                "operation_id": "op-1",
+                "params_digest": "sha256:" + "0" * 64,
+            },
+            "budget": {"remaining": None, "cost": catalogue.tools["tool.00000"].cost_units},
+        }
+    )
+
+
+# -- measuring ---------------------------------------------------------------------
+
+
 def timed(fn: Callable[[], Any], runs: int) -> list[float]:
     samples = []
     for _ in range(runs):
@@ -130,56 +151,221 @@ def timed(fn: Callable[[], Any], runs: int) -> list[float]:
     return samples
 
 
-def p(samples: list[float], q: float) -> float:
-    return statistics.quantiles(samples, n=100)[int(q) - 1] if len(samples) > 1 else samples[0]
+def pct(samples: list[float], q: int) -> float:
+    if len(samples) < 2:
+        return samples[0]
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
 
 
-def _compose_once_and_per_tool(size: int, policies: Path) -> tuple[float, float, int]:
-    """(one compose ms, all per-tool queries ms, visible count), checked to agree."""
+def opa_bench_ms(policies: Path, data: dict[str, Any], input: dict[str, Any], query: str) -> float:
+    """OPA's own evaluation time for ``query`` (median of 3 ``opa bench`` runs), ms."""
+    with tempfile.TemporaryDirectory(prefix="capgate-bench-opa-") as folder:
+        data_file = Path(folder, "data.json")
+        input_file = Path(folder, "input.json")
+        data_file.write_text(json.dumps({"capgate": {"catalogue": data}}))
+        input_file.write_text(json.dumps(input))
+        out = subprocess.run(
+            [
+                str(find_opa_binary()),
+                "bench",
+                "--count",
+                "3",
+                "--optimize-store-for-read-speed",
+                "-f",
+                "json",
+                "--ignore",
+                "*_test.rego",
+                "-d",
+                str(policies / "capgate"),
+                "-d",
+                str(data_file),
+                "-i",
+                str(input_file),
+                query,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    decoder = json.JSONDecoder()
+    per_op: list[float] = []
+    rest = out.lstrip()
+    while rest:
+        result, end = decoder.raw_decode(rest)
+        per_op.append(result["T"] / result["N"] / 1e6)
+        rest = rest[end:].lstrip()
+    return statistics.median(per_op)
+
+
+@dataclass
+class Goal:
+    measure: str
+    value: float
+    shown: str
+    goal: str
+    ok: bool
+
+
+GOALS: list[Goal] = []
+
+
+def goal(measure: str, value: float, shown: str, goal_text: str, ok: bool) -> None:
+    GOALS.append(Goal(measure, value, shown, goal_text, ok))
+    verdict = "PASS" if ok else "FALLS SHORT"
+    print(f"  {verdict:<11} {measure}: {shown} (goal {goal_text})", flush=True)
+
+
+# -- 1, 2, 5: compose by catalogue size, the sidecar ---------------------------------
+
+
+@dataclass
+class SizeRow:
+    size: int
+    visible: int
+    start_s: float
+    first_ms: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    failures: int
+    opa_compose_ms: float
+    opa_execute_ms: float
+    per_tool_ms: float | None = None
+
+
+def compose_at(size: int, policies: Path) -> SizeRow:
     catalogue = synthetic_catalogue(size)
-    with PolicySidecar(catalogue, policies_dir=policies, timeout=30) as sidecar:
+    data = compile_catalogue(catalogue)
+    facts = SYNTHETIC_FACTS.model_dump(mode="json")
+    started = time.perf_counter()
+    # The client's default timeouts: compose must fit in them at every size.
+    with PolicySidecar(catalogue, policies_dir=policies) as sidecar:
+        start_s = time.perf_counter() - started
         client = sidecar.client
-        decision = client.compose(SYNTHETIC_FACTS)  # warm-up, and the reference answer
-        runs = 30 if size <= 1_000 else 8
-        one = statistics.median(timed(lambda: client.compose(SYNTHETIC_FACTS), runs))
-        base = SYNTHETIC_FACTS.model_dump(mode="json")
-        per_tool: dict[str, set[str]] = {}
+        assert client.timeout == DEFAULT_TIMEOUT
+        first: list[ComposeDecision] = []
+        first_ms = timed(lambda: first.append(client.compose(SYNTHETIC_FACTS)), 1)[0]
+        decision = first[0]
+        runs = 60 if size <= 1_000 else 30
+        failures = 0
 
-        def each_tool() -> None:
-            for name in catalogue.tools:
-                result, _ = client.query("capgate/bench", {**base, "tool": name})
-                per_tool[name] = {r["code"] for r in result["reasons"]}
+        def compose() -> None:
+            nonlocal failures
+            try:
+                client.compose(SYNTHETIC_FACTS)
+            except PolicyUnavailable:
+                failures += 1
 
-        many = timed(each_tool, 1)[0]
-    for name in catalogue.tools:
-        if per_tool[name] != set(decision.reasons_for(name)):
-            sys.exit(f"bench: per-tool and compose disagree on {name}")
-    return one, many, len(decision.visible)
+        samples = timed(compose, runs)
+        per_tool_ms = None
+        if size == 1_000:
+            answers: dict[str, bool] = {}
+
+            def each_tool() -> None:
+                for name in catalogue.tools:
+                    result, _ = client.query("capgate/bench", {**facts, "tool": name})
+                    answers[name] = all(check["pass"] for check in result["checks"])
+
+            per_tool_ms = timed(each_tool, 1)[0]
+            if {n for n, seen in answers.items() if seen} != set(decision.visible):
+                sys.exit("bench: per-tool checks and compose disagree")
+    row = SizeRow(
+        size=size,
+        visible=len(decision.visible),
+        start_s=start_s,
+        first_ms=first_ms,
+        p50_ms=statistics.median(samples),
+        p99_ms=pct(samples, 99),
+        max_ms=max(samples),
+        failures=failures,
+        opa_compose_ms=opa_bench_ms(policies, data, facts, "data.capgate.compose.decision"),
+        opa_execute_ms=opa_bench_ms(
+            policies, data, synthetic_call(catalogue).to_opa(), "data.capgate.execute.decision"
+        ),
+        per_tool_ms=per_tool_ms,
+    )
+    print(
+        f"compose {size:>6} tools ({row.visible} visible): p50 {row.p50_ms:.2f} ms, "
+        f"max {row.max_ms:.2f} ms, first {row.first_ms:.2f} ms; opa bench compose "
+        f"{row.opa_compose_ms:.3f} ms, execute {row.opa_execute_ms * 1000:.1f} µs; "
+        f"sidecar start {row.start_s:.2f} s",
+        flush=True,
+    )
+    return row
 
 
-def compose_scaling(rows: list[str]) -> None:
-    rows += [
-        "| tools | visible | one compose query, median ms | per-tool queries, total ms | ratio |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    policies = Path(tempfile.mkdtemp(prefix="capgate-bench-policies-"))
-    try:
-        shutil.copytree(default_policies_dir(), policies, dirs_exist_ok=True)
-        (policies / "capgate" / "bench").mkdir(parents=True)
-        (policies / "capgate" / "bench" / "probe.rego").write_text(PROBE)
-        for size in SIZES:
-            one, many, visible = _compose_once_and_per_tool(size, policies)
-            rows.append(f"| {size:,} | {visible:,} | {one:.2f} | {many:.1f} | {many / one:.1f}x |")
-            print(
-                f"compose {size:>6} tools ({visible} visible): {one:8.2f} ms once, "
-                f"{many:10.1f} ms per-tool, ratio {many / one:7.1f}x",
-                flush=True,
+def compose_ratio(policies: Path, rounds: int = 15) -> tuple[float, float]:
+    """p50 compose ms at 1,000 and 10,000 tools, the two sidecars asked in turn.
+
+    Interleaved, so that load on the shared machine falls on both alike: the ratio
+    compares like with like, which the per-size rows, measured minutes apart, do not.
+    """
+    with (
+        PolicySidecar(synthetic_catalogue(1_000), policies_dir=policies) as small,
+        PolicySidecar(synthetic_catalogue(10_000), policies_dir=policies) as big,
+    ):
+        samples: dict[int, list[float]] = {1_000: [], 10_000: []}
+        timed(lambda: small.client.compose(SYNTHETIC_FACTS), 3)
+        timed(lambda: big.client.compose(SYNTHETIC_FACTS), 3)
+        for _ in range(rounds):
+            samples[1_000] += timed(lambda: small.client.compose(SYNTHETIC_FACTS), 4)
+            samples[10_000] += timed(lambda: big.client.compose(SYNTHETIC_FACTS), 4)
+    return statistics.median(samples[1_000]), statistics.median(samples[10_000])
+
+
+def execute_flatness(policies: Path, rounds: int = 3) -> tuple[float, float]:
+    """OPA's execute evaluation at 100 and at 10,000 tools, ``opa bench`` in turn."""
+    inputs = {}
+    for size in (100, 10_000):
+        catalogue = synthetic_catalogue(size)
+        inputs[size] = (compile_catalogue(catalogue), synthetic_call(catalogue).to_opa())
+    samples: dict[int, list[float]] = {100: [], 10_000: []}
+    for _ in range(rounds):
+        for size, (data, call) in inputs.items():
+            samples[size].append(
+                opa_bench_ms(policies, data, call, "data.capgate.execute.decision")
             )
-    finally:
-        shutil.rmtree(policies, ignore_errors=True)
+    return statistics.median(samples[100]), statistics.median(samples[10_000])
 
 
-def call_overhead(rows: list[str], runs: int = 400) -> None:
+# -- 3, 4: execute and the authorised call -------------------------------------------
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("opa")
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class _Recording:
+    """The real client, remembering the last execute input the dispatcher sent."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.sent: ExecuteInput | None = None
+
+    def compose(self, facts: ComposeInput) -> ComposeDecision:
+        return self.client.compose(facts)  # type: ignore[no-any-return]
+
+    def execute(self, facts: ExecuteInput) -> ExecuteDecision:
+        self.sent = facts
+        return self.client.execute(facts)  # type: ignore[no-any-return]
+
+
+@dataclass
+class CallRows:
+    rows: list[tuple[str, list[float]]]
+    one_thread_per_s: float
+    two_threads_per_s: float
+    opa_demo_execute_ms: float
+
+
+def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
     tools = InProcessTools()
     tools.register(
@@ -200,57 +386,106 @@ def call_overhead(rows: list[str], runs: int = 400) -> None:
             "budget_class": "standard",
         }
     )
-    with PolicySidecar(catalogue) as sidecar:
-        dispatcher = Dispatcher(catalogue, sidecar.client, registry)
-        outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"}, operation_id="op-1")
-        assert outcome.ok, outcome
-        # The exact input the dispatcher sent, posted bare over the same unix socket.
-        request = ExecuteInput.model_validate(
-            {
-                **facts.model_dump(),
-                "call": {
-                    "tool": "contact.read",
-                    "version": 1,
-                    "operation_id": "op-1",
-                    "subject": {"type": "contact", "id": "c"},
-                    "params_digest": "sha256:" + "0" * 64,
-                },
-            }
-        )
-        body = json.dumps({"input": request.to_opa()})
+    budget = Budget(remaining=None, cost=catalogue.tools["contact.read"].cost_units)
+    with PolicySidecar(catalogue, policies_dir=policies) as sidecar:
+        recording = _Recording(sidecar.client)
+        dispatcher = Dispatcher(catalogue, recording, registry)
+
+        def call() -> None:
+            outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"}, budget=budget)
+            if not outcome.ok:
+                sys.exit(f"bench: the authorised call failed: {outcome}")
+
+        call()
+        assert recording.sent is not None
+        sent = recording.sent.to_opa()
+        body = json.dumps({"input": sent}, separators=(",", ":")).encode()
+        url = "/v1/data/capgate/execute/decision?provenance=true"
+        headers = {"Content-Type": "application/json"}
         assert sidecar.process is not None
-        bare = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(sidecar.process.socket_path)),
-            base_url="http://opa",
+        socket_path = str(sidecar.process.socket_path)
+
+        raw = _UnixHTTPConnection(socket_path)
+
+        def raw_post() -> None:
+            raw.request("POST", url, body=body, headers=headers)
+            response = raw.getresponse()
+            response.read()
+            if response.status != 200:
+                sys.exit(f"bench: raw POST answered {response.status}")
+
+        bare_httpx = httpx.Client(
+            transport=httpx.HTTPTransport(uds=socket_path), base_url="http://opa"
         )
-        with bare:
+        pool = httpcore.ConnectionPool(uds=socket_path)
 
-            def post() -> None:
-                bare.post(
-                    "/v1/data/capgate/execute/decision",
-                    content=body,
-                    headers={"content-type": "application/json"},
-                ).raise_for_status()
+        def httpx_post() -> None:
+            bare_httpx.post(url, content=body, headers=headers).raise_for_status()
 
-            timed(post, 20)
-            raw = timed(post, runs)
-            timed(lambda: dispatcher.call(facts, "contact.read", {"contact_id": "c"}), 20)
-            full = timed(lambda: dispatcher.call(facts, "contact.read", {"contact_id": "c"}), runs)
-    ratio = statistics.median(full) / statistics.median(raw)
-    rows += [
-        "| path | median ms | p95 ms |",
-        "|---|---:|---:|",
-        f"| bare POST of the execute input (httpx, unix socket) | {statistics.median(raw):.3f} "
-        f"| {p(raw, 95):.3f} |",
-        f"| `Dispatcher.call` (validate, digest, ask, enforce, run no-op tool, normalise) "
-        f"| {statistics.median(full):.3f} | {p(full, 95):.3f} |",
-        f"| ratio | {ratio:.2f}x | |",
-    ]
-    print(
-        f"call overhead: bare POST {statistics.median(raw):.3f} ms, dispatcher "
-        f"{statistics.median(full):.3f} ms, ratio {ratio:.2f}x",
-        flush=True,
-    )
+        def httpcore_post() -> None:
+            response = pool.request(
+                "POST", "http://opa" + url, content=body, headers=list(headers.items())
+            )
+            if response.status != 200:
+                sys.exit("bench: httpcore POST failed")
+
+        client_execute = sidecar.client.execute
+        request = recording.sent
+
+        paths: list[tuple[str, Callable[[], Any]]] = [
+            ("raw `http.client` keep-alive POST (unix socket)", raw_post),
+            ("httpcore POST", httpcore_post),
+            ("httpx POST", httpx_post),
+            (
+                "`PolicyClient.execute` (POST, checks, typed decision)",
+                lambda: client_execute(request),
+            ),
+            ("`Dispatcher.call` (authorised call of a no-op tool)", call),
+        ]
+        for _, fn in paths:
+            timed(fn, 100)  # warm-up
+        # Interleaved in rounds, so load on the machine falls on every path alike.
+        samples: dict[str, list[float]] = {name: [] for name, _ in paths}
+        rounds = 10
+        for _ in range(rounds):
+            for name, fn in paths:
+                samples[name] += timed(fn, runs // rounds)
+        raw.close()
+        bare_httpx.close()
+        pool.close()
+
+        def calls_per_second(threads: int, per_thread: int = 400) -> float:
+            barrier = threading.Barrier(threads + 1)
+            errors: list[BaseException] = []
+
+            def agent() -> None:
+                barrier.wait()
+                try:
+                    for _ in range(per_thread):
+                        call()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            workers = [threading.Thread(target=agent) for _ in range(threads)]
+            for worker in workers:
+                worker.start()
+            barrier.wait()
+            started = time.perf_counter()
+            for worker in workers:
+                worker.join()
+            if errors:
+                sys.exit(f"bench: a concurrent agent failed: {errors[0]!r}")
+            return threads * per_thread / (time.perf_counter() - started)
+
+        calls_per_second(2, 50)  # warm both connections
+        one = statistics.median(calls_per_second(1) for _ in range(3))
+        two = statistics.median(calls_per_second(2) for _ in range(3))
+    data = compile_catalogue(catalogue)
+    opa_ms = opa_bench_ms(policies, data, sent, "data.capgate.execute.decision")
+    return CallRows([(name, samples[name]) for name, _ in paths], one, two, opa_ms)
+
+
+# -- the client library ------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -259,8 +494,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def client_libraries(rows: list[str], runs: int = 400) -> None:
-    from opa_client.opa import OpaClient
+def client_libraries(runs: int = 400) -> list[tuple[str, list[float]]]:
+    """``PolicyClient`` against opa-python-client (requests) on one compose over TCP."""
+    from opa_client.opa import OpaClient  # type: ignore[import-untyped]
 
     catalogue = load_catalogue(demo_catalogue_dir("sales"))
     workdir = Path(tempfile.mkdtemp(prefix="capgate-bench-tcp-"))
@@ -272,6 +508,7 @@ def client_libraries(rows: list[str], runs: int = 400) -> None:
             "run",
             "--server",
             "--skip-version-check",  # otherwise OPA asks the internet for its latest release
+            "--optimize-store-for-read-speed",
             "--addr",
             f"127.0.0.1:{port}",
             "--bundle",
@@ -293,33 +530,32 @@ def client_libraries(rows: list[str], runs: int = 400) -> None:
         a = ours.query("capgate/compose/decision", facts)[0]
         b = theirs.query_rule(facts, "capgate/compose", "decision")["result"]
         assert a == b, "the two clients must get the same decision"
-        timed(lambda: ours.query("capgate/compose/decision", facts), 20)
-        timed(lambda: theirs.query_rule(facts, "capgate/compose", "decision"), 20)
-        mine = timed(lambda: ours.query("capgate/compose/decision", facts), runs)
-        other = timed(lambda: theirs.query_rule(facts, "capgate/compose", "decision"), runs)
+        paths: list[tuple[str, Callable[[], Any]]] = [
+            ("capgate `PolicyClient`", lambda: ours.query("capgate/compose/decision", facts)),
+            (
+                "opa-python-client 3.0 (requests)",
+                lambda: theirs.query_rule(facts, "capgate/compose", "decision"),
+            ),
+        ]
+        samples: dict[str, list[float]] = {name: [] for name, _ in paths}
+        for _, fn in paths:
+            timed(fn, 20)
+        for _ in range(10):
+            for name, fn in paths:
+                samples[name] += timed(fn, runs // 10)
         ours.close()
         theirs.close_connection()
     finally:
         opa.terminate()
         opa.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
-    ratio = statistics.median(other) / statistics.median(mine)
-    rows += [
-        "| client (TCP 127.0.0.1, compose query) | median ms | p95 ms |",
-        "|---|---:|---:|",
-        f"| capgate `PolicyClient` (httpx) | {statistics.median(mine):.3f} | {p(mine, 95):.3f} |",
-        f"| opa-python-client 3.0 (requests) | {statistics.median(other):.3f} "
-        f"| {p(other, 95):.3f} |",
-        f"| opa-python-client / PolicyClient | {ratio:.2f}x | |",
-    ]
-    print(
-        f"clients: PolicyClient {statistics.median(mine):.3f} ms, opa-python-client "
-        f"{statistics.median(other):.3f} ms, ratio {ratio:.2f}x",
-        flush=True,
-    )
+    return [(name, samples[name]) for name, _ in paths]
 
 
-def machine() -> str:
+# -- report ----------------------------------------------------------------------------
+
+
+def machine() -> tuple[str, str]:
     cpu = "unknown cpu"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -332,39 +568,267 @@ def machine() -> str:
         [str(find_opa_binary()), "version"], capture_output=True, text=True, check=True
     )
     opa_version = opa.stdout.splitlines()[0].split(":", 1)[1].strip()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), "
-        f"Python {platform.python_version()}, OPA {opa_version}"
+        f"Python {platform.python_version()}, httpx {httpx.__version__}, "
+        f"httpcore {httpcore.__version__}, OPA {opa_version}",
+        load,
     )
+
+
+NOTES = """## Reading these figures
+
+- **Compose is set intersections.** The catalogue is compiled with an index
+  (`data.capgate.catalogue.index`: for each fact a compose check reads, the tools
+  that pass it for each value), and compose intersects the sets the input selects;
+  execute's per-tool checks look the called tool up in the same entries. Compose
+  returns the visible names only; the reasons for hidden tools come on request from
+  `capgate.explain` (`compose(facts, reasons=True)`), so the agent's answer no
+  longer carries a reason object per hidden tool (2.4 MB at 10,000 tools before).
+- **OPA evaluation against end to end.** `opa bench` is OPA's evaluation alone
+  (with `--optimize-store-for-read-speed`, as the embedded OPA runs); end to end
+  adds the HTTP exchange, OPA's JSON encoding and decision logging, and the
+  client's strict parsing and validation.
+- **`--optimize-store-for-read-speed`**: OPA then keeps the data as Rego values
+  instead of converting the catalogue on every read. Measured while choosing it:
+  compose of 10,000 tools in `opa bench` went from 73-229 ms to 29-46 ms, 1,000
+  tools from 3.4-10.8 ms to 1.7-4.1 ms (five runs each, same busy machine). The
+  embedded OPA and `opa_run_args` use it.
+- **The authorised call** is measured against a raw `http.client` keep-alive POST of
+  the same input to the same OPA over the same unix socket, with the same
+  `?provenance=true`. The paths run interleaved in rounds so that load on the shared
+  machine falls on all of them alike.
+- **Where it falls short.** Execute's OPA evaluation is 5 to 7 times the 60 µs
+  goal on this machine, where even a query for one constant takes 20-30 µs in
+  `opa bench`: the compose checks now cost one keyed lookup each and are flat in
+  the catalogue's size (10,000 tools against 100), but OPA's per-rule cost over
+  the two dozen call-time rules (stage, approval, proposal, budget, evidence,
+  subject, key) dominates, and the figure was 200-250 µs on a quiet machine of
+  this kind before this change. Two agents in threads share the interpreter lock
+  and the two cores with OPA itself, so they do not reach 1.6 times one agent's
+  throughput; the library has no async API to measure instead.
+- The machine is shared with other engineers' test runs (load average shown above):
+  absolute times vary between runs by a factor of two or more; ratios within one
+  run are steadier.
+"""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output", type=Path, help="also write the results as Markdown here")
+    parser.add_argument("--output", type=Path, help="write the results as Markdown here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write the log-log SVG plot here (default: benchmarks.svg beside --output)",
+    )
     args = parser.parse_args()
-    where = machine()
-    print(f"machine: {where}", flush=True)
-    sections: list[tuple[str, list[str]]] = []
-    for title, fn in (
-        ("Compose: one query against per-tool queries", compose_scaling),
-        ("Authorised-call overhead", call_overhead),
-        ("Policy client library", client_libraries),
-    ):
-        rows: list[str] = []
-        fn(rows)
-        sections.append((title, rows))
+    if args.plot is None and args.output is not None:
+        args.plot = args.output.with_name("benchmarks.svg")
+    where, load_before = machine()
+    print(f"machine: {where}; load average {load_before}", flush=True)
+    policies = Path(tempfile.mkdtemp(prefix="capgate-bench-policies-"))
+    try:
+        shutil.copytree(default_policies_dir(), policies, dirs_exist_ok=True)
+        (policies / "capgate" / "bench").mkdir(parents=True)
+        (policies / "capgate" / "bench" / "probe.rego").write_text(PROBE)
+        sizes = [compose_at(size, policies) for size in SIZES]
+        calls = authorised_call(policies)
+        libraries = client_libraries()
+        ratio_1k, ratio_10k = compose_ratio(policies)
+        flat_100, flat_10k = execute_flatness(policies)
+    finally:
+        shutil.rmtree(policies, ignore_errors=True)
+    by_size = {row.size: row for row in sizes}
+    big, mid = by_size[10_000], by_size[1_000]
+
+    print("goals:", flush=True)
+    deadline_ms = (DEFAULT_CONNECT_TIMEOUT + 2 * DEFAULT_TIMEOUT) * 1000
+    goal(
+        "compose, 10,000 tools, end to end, p50",
+        big.p50_ms,
+        f"{big.p50_ms:.1f} ms",
+        "≤ 40 ms",
+        big.p50_ms <= 40,
+    )
+    goal(
+        "compose, 10,000 tools, slowest of the run, against the default timeout",
+        big.max_ms,
+        f"{big.max_ms:.1f} ms, {big.failures} timed out (read timeout "
+        f"{DEFAULT_TIMEOUT * 1000:.0f} ms, whole answer {deadline_ms:.0f} ms)",
+        "never past the default timeout",
+        big.failures == 0 and big.max_ms < DEFAULT_TIMEOUT * 1000,
+    )
+    goal(
+        "compose, 1,000 tools, end to end, p50",
+        mid.p50_ms,
+        f"{mid.p50_ms:.2f} ms",
+        "≤ 8 ms",
+        mid.p50_ms <= 8,
+    )
+    assert mid.per_tool_ms is not None
+    one_vs_many = mid.p50_ms / mid.per_tool_ms
+    goal(
+        "compose, one query against per-tool queries, 1,000 tools",
+        one_vs_many,
+        f"{one_vs_many:.4f}x ({mid.p50_ms:.2f} ms against {mid.per_tool_ms:.0f} ms)",
+        "≤ 0.02x",
+        one_vs_many <= 0.02,
+    )
+    scaling = ratio_10k / ratio_1k
+    goal(
+        "compose T(10,000) / T(1,000)",
+        scaling,
+        f"{scaling:.1f}x ({ratio_10k:.2f} ms against {ratio_1k:.2f} ms, p50, asked in turn)",
+        "≤ 10x",
+        scaling <= 10,
+    )
+    goal(
+        "execute, OPA evaluation (opa bench, demo catalogue)",
+        calls.opa_demo_execute_ms,
+        f"{calls.opa_demo_execute_ms * 1000:.1f} µs",
+        "≤ 60 µs",
+        calls.opa_demo_execute_ms * 1000 <= 60,
+    )
+    flat = flat_10k / flat_100
+    goal(
+        "execute at 10,000 tools against 100 tools (opa bench)",
+        flat,
+        f"{flat:.2f}x ({flat_10k * 1000:.1f} µs against {flat_100 * 1000:.1f} µs, "
+        "medians of runs in turn)",
+        "≤ 1.1x",
+        flat <= 1.1,
+    )
+    rows = dict(calls.rows)
+    raw = rows["raw `http.client` keep-alive POST (unix socket)"]
+    full = rows["`Dispatcher.call` (authorised call of a no-op tool)"]
+    p50_ratio = statistics.median(full) / statistics.median(raw)
+    p99_ratio = pct(full, 99) / pct(raw, 99)
+    goal(
+        "authorised call p50 against a raw http.client keep-alive POST",
+        p50_ratio,
+        f"{p50_ratio:.2f}x ({statistics.median(full):.3f} ms against "
+        f"{statistics.median(raw):.3f} ms)",
+        "≤ 1.6x",
+        p50_ratio <= 1.6,
+    )
+    goal(
+        "authorised call p99 against the raw POST's p99",
+        p99_ratio,
+        f"{p99_ratio:.2f}x ({pct(full, 99):.3f} ms against {pct(raw, 99):.3f} ms)",
+        "≤ 2x",
+        p99_ratio <= 2,
+    )
+    throughput = calls.two_threads_per_s / calls.one_thread_per_s
+    goal(
+        "throughput, 2 concurrent agents (threads) against 1",
+        throughput,
+        f"{throughput:.2f}x ({calls.two_threads_per_s:.0f} against "
+        f"{calls.one_thread_per_s:.0f} calls/s; the library has no async API)",
+        "≥ 1.6x",
+        throughput >= 1.6,
+    )
+    first_ratio = big.first_ms / big.p50_ms
+    goal(
+        "first decision after the sidecar reports ready against warm p50 (10,000 tools)",
+        first_ratio,
+        f"{first_ratio:.2f}x ({big.first_ms:.1f} ms against {big.p50_ms:.1f} ms)",
+        "≤ 10x",
+        first_ratio <= 10,
+    )
+    goal(
+        "sidecar start to bundle active, 10,000 tools",
+        big.start_s,
+        f"{big.start_s:.2f} s",
+        "≤ 2 s",
+        big.start_s <= 2,
+    )
+    _, load_after = machine()
+    if args.plot:
+        xs = [row.size for row in sizes]
+        args.plot.write_text(
+            loglog_svg(
+                "capgate: compose and execute latency by catalogue size",
+                xs,
+                {
+                    "compose, end to end p50": [row.p50_ms for row in sizes],
+                    "compose, OPA evaluation": [row.opa_compose_ms for row in sizes],
+                    "execute, OPA evaluation": [row.opa_execute_ms for row in sizes],
+                },
+                x_label="tools in the catalogue",
+                y_unit="ms",
+            )
+        )
+        print(f"plot written to {args.plot}")
     if args.output:
         text = [
             "# Benchmarks",
             "",
-            "Written by `make bench` (`benchmarks/compose_scaling.py --output`): one run on",
-            "a shared, noisy machine, so read the ratios, not the absolute times.",
+            "Written by `make bench` (`benchmarks/compose_scaling.py`): every goal of",
+            "issue 9, measured in one run on a shared, noisy machine.",
             "",
-            f"Machine: {where}. Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+            f"Machine: {where}.",
+            f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+            f"(1, 5, 15 min) {load_before} before, {load_after} after.",
+            "",
+            "## Goals",
+            "",
+            "| measure | measured | goal | verdict |",
+            "|---|---|---|---|",
+            *(
+                f"| {g.measure} | {g.shown} | {g.goal} | {'PASS' if g.ok else 'FALLS SHORT'} |"
+                for g in GOALS
+            ),
+            "",
+            "## Compose and execute by catalogue size",
+            "",
+            "End to end is `PolicyClient.compose` against the embedded OPA (unix socket,",
+            "default timeouts); OPA evaluation is `opa bench` of the same query and data.",
+            "",
+            "| tools | visible | compose p50 ms | p99 ms | max ms | first after ready ms "
+            "| compose, OPA ms | execute, OPA µs | sidecar start s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {r.size:,} | {r.visible:,} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+                f"{r.max_ms:.2f} | {r.first_ms:.2f} | {r.opa_compose_ms:.3f} | "
+                f"{r.opa_execute_ms * 1000:.1f} | {r.start_s:.2f} |"
+                for r in sizes
+            ),
+            "",
+            "![compose and execute latency by catalogue size, log-log](benchmarks.svg)",
+            "",
+            "## The authorised call",
+            "",
+            "The demo catalogue's `contact.read`, a no-op in-process tool; the same",
+            "execute input on every path, to the same embedded OPA over its unix socket.",
+            "",
+            "| path | p50 ms | p99 ms | p50 against raw |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {name} | {statistics.median(s):.3f} | {pct(s, 99):.3f} | "
+                f"{statistics.median(s) / statistics.median(raw):.2f}x |"
+                for name, s in calls.rows
+            ),
+            "",
+            f"Two agents in threads: {calls.two_threads_per_s:.0f} calls/s, against "
+            f"{calls.one_thread_per_s:.0f} for one.",
+            "",
+            "## Policy client library",
+            "",
+            "One compose query of the demo catalogue to an `opa run` on 127.0.0.1 (TCP),",
+            "the two clients interleaved in rounds.",
+            "",
+            "| client | p50 ms | p99 ms |",
+            "|---|---:|---:|",
+            *(
+                f"| {name} | {statistics.median(s):.3f} | {pct(s, 99):.3f} |"
+                for name, s in libraries
+            ),
+            f"| opa-python-client / PolicyClient, p50 | "
+            f"{statistics.median(libraries[1][1]) / statistics.median(libraries[0][1]):.2f}x | |",
+            "",
+            NOTES.rstrip(),
         ]
-        for title, rows in sections:
-            text += ["", f"## {title}", "", *rows]
-        text += ["", NOTES.rstrip()]
         args.output.write_text("\n".join(text) + "\n")
         print(f"written to {args.output}")
     return 0

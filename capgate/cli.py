@@ -8,6 +8,13 @@
                                           write the signed deployment bundle
     capgate deploy init DIR               make a deployment's token, keys, OPA config
     capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json]
+    capgate explain compose|execute INPUT --catalogue DIR [--opa URL] [--json]
+                                          a decision check by check, from the policy
+    capgate diff BASE [HEAD] --catalogue PATH [--markdown|--json] [--fail-on-widen]
+                                          what a policy or catalogue change flips
+    capgate policy-test [--watch]         the policy gate, once or on every save
+    capgate serve --catalogue DIR --store URL --config FILE [--stdio|--http ADDR]
+                                          the gateway as an MCP server
 
 and, over the gateway's store (``--store URL`` or ``$CAPGATE_STORE``; the commands
 live in :mod:`capgate.commands`)::
@@ -20,11 +27,13 @@ live in :mod:`capgate.commands`)::
     capgate mcp discover|pending|accept|reject   review upstream MCP tool definitions
 
 Every command exits 0 on success and 2 on an error (bad input, catalogue, store or
-address; OPA unavailable); ``eval`` exits 3 for a denied call and ``proposals
-approve|reject`` 3 when the review policy refuses, ``mcp accept|reject`` 3 when the
-server shows another definition than the one reviewed, ``demo`` 1 when an
-expectation of the demo did not hold, ``ledger verify`` 1 when the hash chain is
-broken, and any command 130 on Ctrl-C. Each command's ``--help`` lists its own.
+address; OPA unavailable); ``eval`` and ``explain execute`` exit 3 for a denied
+call, ``proposals approve|reject`` 3 when the review policy refuses, ``mcp
+accept|reject`` 3 when the server shows another definition than the one reviewed,
+``diff --fail-on-widen`` 1 when a change widens, ``policy-test`` 1 when the gate
+fails, ``demo`` 1 when an expectation of the demo did not hold, ``ledger verify`` 1
+when the hash chain is broken, and any command 130 on Ctrl-C. Each command's
+``--help`` lists its own.
 
 ``eval`` shows an answer only after the checks the dispatcher applies before obeying
 it (:mod:`gateway.dispatch.verify`, the same functions): an allow the dispatcher
@@ -46,7 +55,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from capgate.commands import deploy, ledger, mcp, proposals, state
+from capgate.commands import deploy, diff, explain, ledger, mcp, policy_test, proposals, state
 from capgate.commands.common import (
     EXIT_DEMO_FAILED,
     EXIT_DENIED,
@@ -151,7 +160,14 @@ def _eval(args: argparse.Namespace) -> int:
                 print(executed.model_dump_json(indent=2))
                 return EXIT_OK if executed.allow else EXIT_DENIED
             return _print_execute(executed)
+        from gateway.model.reasons import with_reasons
+
+        # The agent's answer first, checked as the dispatcher checks it; then, since
+        # people read eval's answer, the reasons (capgate/explain/compose), which must
+        # agree with it.
         composed = sidecar.client.compose(facts)
+        verify_compose(catalogue, composed)
+        composed = with_reasons(composed, sidecar.client.explain_compose(facts))
         verify_compose(catalogue, composed)
         if args.json:
             print(composed.model_dump_json(indent=2))
@@ -279,6 +295,9 @@ def _parser() -> argparse.ArgumentParser:
     proposals.register(sub)
     ledger.register(sub)
     mcp.register(sub)
+    diff.register(sub)
+    explain.register(sub)
+    policy_test.register(sub)
     serve.register(sub)
     return parser
 

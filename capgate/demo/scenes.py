@@ -39,6 +39,7 @@ from gateway.dispatch.dispatcher import DecisionEvent
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation
 from gateway.model.contracts import Catalogue, UpstreamRef
+from gateway.model.decisions import ComposeDecision
 from gateway.model.facts import ConnectionStatus, Principal
 from gateway.model.outcomes import OutcomeStatus
 from gateway.opa.sidecar import PolicySidecar
@@ -235,10 +236,19 @@ def _oracle_grove(trace: _Trace, *, over_mcp: bool = False) -> OracleRun:
             close()
 
 
+def _explained(gateway: Gateway, request: AgentRequest) -> ComposeDecision:
+    """Compose with the reasons for every hidden tool, which the demo shows people.
+
+    An agent's compose carries the visible names only; reasons are asked for
+    explicitly (capgate/explain/compose), under the same facts from the store.
+    """
+    return gateway.dispatcher.compose(gateway.compose_facts(request), reasons=True)
+
+
 def _review_oracle_definition(trace: _Trace, gateway: Gateway, teller: AgentRequest) -> None:
     """Before the scene: the oracle's MCP definition is quarantined until reviewed."""
     trace.say("  -- a reviewer accepts the oracle server's tool definition")
-    hidden = gateway.compose(teller)
+    hidden = _explained(gateway, teller)
     trace.expect(
         hidden.reasons_for("oracle") == ["tool_quarantined"],
         "before review the oracle is hidden: tool_quarantined (no definition accepted)",
@@ -386,7 +396,7 @@ def _sales_agent(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         "sales sees the CRM and quote tools, not payment.execute",
     )
     trace.expect(
-        sales.composition.reasons_for("payment.execute") == ["role_not_granted"],
+        _explained(gateway, sales.request).reasons_for("payment.execute") == ["role_not_granted"],
         "payment.execute is hidden from sales by role alone",
     )
     sales.call_tool("contact.read", contact_id="c-42")

@@ -42,7 +42,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 from jsonschema.protocols import Validator
 from pydantic import ValidationError
@@ -62,7 +62,12 @@ from gateway.errors import (
     quote,
 )
 from gateway.model.contracts import Catalogue, Idempotency, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
+from gateway.model.decisions import (
+    ComposeDecision,
+    ComposeExplanation,
+    ExecuteDecision,
+    Reason,
+)
 from gateway.model.facts import (
     Approval,
     Budget,
@@ -79,10 +84,12 @@ from gateway.model.outcomes import (
     ToolRetryable,
     ToolUnknown,
 )
+from gateway.model.reasons import with_reasons
 from gateway.model.schema import schema_validator
 
 __all__ = [
     "Authorised",
+    "ComposeExplainer",
     "DecisionEvent",
     "Dispatcher",
     "PolicyDecider",
@@ -121,6 +128,14 @@ class PolicyDecider(Protocol):
     def compose(self, facts: ComposeInput) -> ComposeDecision: ...
 
     def execute(self, facts: ExecuteInput) -> ExecuteDecision: ...
+
+
+@runtime_checkable
+class ComposeExplainer(Protocol):
+    """A decider that can also explain compose (``PolicyClient`` can), which
+    :meth:`Dispatcher.compose` needs to give reasons."""
+
+    def explain_compose(self, facts: ComposeInput) -> ComposeExplanation: ...
 
 
 def _codes(reasons: Iterable[Reason]) -> tuple[str, ...]:
@@ -201,15 +216,26 @@ class Dispatcher:
 
     # -- compose -------------------------------------------------------------------
 
-    def compose(self, facts: ComposeInput) -> ComposeDecision:
+    def compose(self, facts: ComposeInput, *, reasons: bool = False) -> ComposeDecision:
         """Ask which tools this agent may see; one OPA query whatever the catalogue size.
+
+        With ``reasons`` (for people: ``capgate eval``, the demo), the decider's
+        explanation (``capgate/explain/compose``) fills ``excluded``, and the two
+        answers must agree (:func:`~gateway.model.reasons.with_reasons`); an agent
+        needs only the visible names, so that second query is not the default.
 
         Raises InvalidInput for facts that are not a ComposeInput and
         PolicyUnavailable for no usable answer, including one that does not fit the
-        catalogue (:func:`~gateway.dispatch.verify.verify_compose`).
+        catalogue (:func:`~gateway.dispatch.verify.verify_compose`), or for reasons
+        asked of a decider that cannot explain.
         """
         facts = _compose_facts(facts)
         decision = _ask(self.policy.compose, facts, "compose")
+        if reasons:
+            policy = self.policy
+            if not isinstance(policy, ComposeExplainer):
+                raise PolicyUnavailable("this policy decider cannot explain compose; no reasons")
+            decision = with_reasons(decision, _ask(policy.explain_compose, facts, "explain"))
         verify_compose(self.catalogue, decision)
         self._emit(
             DecisionEvent(
@@ -670,7 +696,6 @@ def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str
 MAX_ERROR_TEXT: Final = 2000
 
 
-
 #: The longest wait a tool may ask for; a provider asking for more is asked again later.
 _MAX_RETRY_AFTER_SECONDS = 86_400.0
 
@@ -687,6 +712,7 @@ def _retry_after(value: object) -> float | None:
     if not math.isfinite(value) or value < 0:
         return None
     return min(float(value), _MAX_RETRY_AFTER_SECONDS)
+
 
 def _outcome(contract: ToolContract, grant: Grant, status: OutcomeStatus, **fields: Any) -> Outcome:
     return Outcome(

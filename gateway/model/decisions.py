@@ -16,16 +16,20 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "ATTACHED_FIELDS",
     "MAX_PARAMS_DEPTH",
+    "Check",
     "ComposeDecision",
+    "ComposeExplanation",
     "ExecuteDecision",
+    "ExecuteExplanation",
     "Obligation",
     "Reason",
     "ReviewDecision",
+    "ToolExplanation",
 ]
 
 #: Fields the client fills from OPA's answer envelope, never from the policy's result.
@@ -102,14 +106,87 @@ class _Provenance(_Decision):
 
 
 class ComposeDecision(_Provenance):
-    """Answer of ``capgate/compose``: the visible tools and why each other tool is not."""
+    """Answer of ``capgate/compose``: the tools this agent may see.
+
+    OPA answers with ``visible`` (and the digest) only. ``excluded`` holds, for every
+    other tool, the reasons that hide it, and is filled only when the caller asked
+    for reasons (``compose(facts, reasons=True)``), from ``capgate/explain/compose``
+    with messages rendered by :mod:`gateway.model.reasons`; otherwise it is empty.
+    """
 
     visible: list[str]
-    excluded: dict[str, list[Reason]]
+    excluded: dict[str, list[Reason]] = Field(default_factory=dict)
 
     def reasons_for(self, tool: str) -> list[str]:
-        """Sorted reason codes that hid ``tool`` (empty when it is visible)."""
+        """Sorted reason codes that hid ``tool``: empty when it is visible, or when the
+        decision was asked for without reasons."""
         return sorted(r.code for r in self.excluded.get(tool, []))
+
+
+class Check(_Decision):
+    """One check of an explanation: did it pass, its reason code if not, what it read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    check: str = Field(min_length=1)
+    #: ``pass`` in OPA's answer (a Python keyword, hence the name).
+    passed: bool = Field(alias="pass")
+    code: str | None
+    facts: dict[str, Any]
+
+    @field_validator("facts")
+    @classmethod
+    def _not_too_deep(cls, facts: dict[str, Any]) -> dict[str, Any]:
+        if _depth(facts) > MAX_PARAMS_DEPTH:
+            raise ValueError(f"facts nest deeper than {MAX_PARAMS_DEPTH} levels")
+        return facts
+
+    @model_validator(mode="after")
+    def _code_iff_failed(self) -> Check:
+        if self.passed != (self.code is None) or self.code == "":
+            raise ValueError("a check has a reason code exactly when it fails")
+        return self
+
+
+def _all_pass(checks: list[Check]) -> bool:
+    return all(check.passed for check in checks)
+
+
+class ToolExplanation(_Decision):
+    """One tool in ``capgate/explain/compose``: its verdict and every check behind it."""
+
+    visible: bool
+    checks: list[Check]
+
+    @model_validator(mode="after")
+    def _verdict_is_the_checks(self) -> ToolExplanation:
+        if not self.checks or self.visible != _all_pass(self.checks):
+            raise ValueError("visible must be true exactly when every check passes")
+        return self
+
+
+class ComposeExplanation(_Provenance):
+    """Answer of ``capgate/explain/compose``: every tool, check by check."""
+
+    tools: dict[str, ToolExplanation]
+
+    @property
+    def visible(self) -> list[str]:
+        """The names explain calls visible, sorted."""
+        return sorted(name for name, tool in self.tools.items() if tool.visible)
+
+
+class ExecuteExplanation(_Provenance):
+    """Answer of ``capgate/explain/execute``: execute's allow and every check behind it."""
+
+    allow: bool
+    checks: list[Check]
+
+    @model_validator(mode="after")
+    def _verdict_is_the_checks(self) -> ExecuteExplanation:
+        if not self.checks or self.allow != _all_pass(self.checks):
+            raise ValueError("allow must be true exactly when every check passes")
+        return self
 
 
 class ExecuteDecision(_Provenance):

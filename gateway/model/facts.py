@@ -12,6 +12,7 @@ cut short (:func:`gateway.errors.quote`).
 
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -54,6 +55,13 @@ _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 _NAME_RULE: Final = "1 to 128 letters, digits and _ . : / -, starting with a letter or digit"
 
 
+@functools.cache
+def _field_names(model: type[BaseModel]) -> frozenset[str]:
+    # Once per model class: reading model_fields on every validation costs more than
+    # the check (it runs for each nested fact model of every call).
+    return frozenset(model.model_fields)
+
+
 class _Facts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
@@ -62,7 +70,8 @@ class _Facts(BaseModel):
     def _no_unknown_fields(cls, data: Any) -> Any:
         # extra="forbid" would say the same, with the whole unknown key in the message.
         if isinstance(data, dict):
-            unknown = [key for key in data if key not in cls.model_fields]
+            fields = _field_names(cls)
+            unknown = [key for key in data if key not in fields]
             if unknown:
                 names = ", ".join(quote(key, 40) for key in unknown[:3])
                 more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""

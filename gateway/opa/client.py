@@ -23,9 +23,11 @@ as an allow::
     ├── pinned bundle revision not the one     -> PolicyUnavailable
     ├── no "result" key (undefined decision)   -> PolicyUnavailable
     └── result not an object                   -> PolicyUnavailable
-    PolicyClient.compose / execute
+    PolicyClient.compose / execute / explain_*
     ├── result does not fit the decision model -> PolicyUnavailable
-    └── made under another catalogue digest    -> PolicyUnavailable
+    ├── made under another catalogue digest    -> PolicyUnavailable
+    └── compose(reasons=True): explanation and
+        decision disagree                      -> PolicyUnavailable
 
 Every query asks for OPA's provenance, so each decision records the bundle
 revisions and OPA version it was made under, next to the catalogue digest that the
@@ -55,28 +57,27 @@ import ipaddress
 import json
 import logging
 import re
-import socket
 import time
-from collections.abc import Iterable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
-import httpcore
 import httpx
-from httpcore._backends.sync import SyncStream
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import InvalidInput, PolicyUnavailable
 from gateway.model.decisions import (
     ATTACHED_FIELDS,
     ComposeDecision,
+    ComposeExplanation,
     ExecuteDecision,
+    ExecuteExplanation,
     ReviewDecision,
 )
 from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
+from gateway.model.reasons import with_reasons
+from gateway.opa.transport import DEADLINE, DeadlineTransport
 
 __all__ = [
     "CATALOGUE_DIGEST_PATH",
@@ -84,6 +85,8 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "EXECUTE_PATH",
+    "EXPLAIN_COMPOSE_PATH",
+    "EXPLAIN_EXECUTE_PATH",
     "MAX_TOKEN_CHARS",
     "REVIEW_PATH",
     "PolicyClient",
@@ -95,12 +98,17 @@ log = logging.getLogger("capgate.opa.client")
 COMPOSE_PATH: Final = "capgate/compose/decision"
 EXECUTE_PATH: Final = "capgate/execute/decision"
 REVIEW_PATH: Final = "capgate/review/decision"
+EXPLAIN_COMPOSE_PATH: Final = "capgate/explain/compose"
+EXPLAIN_EXECUTE_PATH: Final = "capgate/explain/execute"
 CATALOGUE_DIGEST_PATH: Final = "capgate/catalogue/meta/digest"
 
-#: Seconds to wait for each of write, read and a pooled connection. A decision over
-#: loopback takes about a millisecond (the policies stay in Rego's linear fragment),
-#: so half a second is hundreds of times the normal latency yet short enough that an
-#: agent's tool call fails fast, closed, instead of hanging on a wedged OPA.
+#: Seconds to wait for each of write, read and a pooled connection. An execute
+#: decision over loopback takes about a millisecond, and compose a few set operations
+#: over the catalogue's index: 10,000 tools in about 13 ms at p50 and under 80 ms at
+#: worst on a busy 2-core machine (docs/benchmarks.md). Half a second is therefore
+#: several times the largest catalogue's worst compose, yet short enough that an
+#: agent's tool call fails fast, closed, instead of hanging on a wedged OPA. The
+#: whole exchange must also end within connect timeout + 2 x timeout.
 DEFAULT_TIMEOUT: Final = 0.5
 #: Seconds to wait for a connection. A loopback connect either succeeds at once or is
 #: refused at once; taking longer means the machine is in trouble.
@@ -113,7 +121,14 @@ _UDS_BASE_URL: Final = "http://opa"
 _PATH_RE: Final = re.compile(r"^[A-Za-z0-9_]+(?:/[A-Za-z0-9_]+)*$")
 
 _D = TypeVar("_D", bound=BaseModel)
-_P = TypeVar("_P", ComposeDecision, ExecuteDecision, ReviewDecision)
+_P = TypeVar(
+    "_P",
+    ComposeDecision,
+    ExecuteDecision,
+    ReviewDecision,
+    ComposeExplanation,
+    ExecuteExplanation,
+)
 
 
 @dataclass(frozen=True)
@@ -164,123 +179,9 @@ def _parse_address(address: str) -> _Endpoint:
     return _Endpoint(base_url=f"http://{parts.netloc}", uds=None)
 
 
-#: The absolute time (``time.monotonic()``) by which the answer being read must be
-#: complete, or None outside a request. Set per request by :meth:`PolicyClient._ask`;
-#: a context variable because one client, and so one connection pool, may serve
-#: several threads at once, each with its own request and its own deadline.
-_deadline: ContextVar[float | None] = ContextVar("capgate_opa_deadline", default=None)
-
-
-def _time_left(timeout: float | None, expired: type[Exception]) -> float | None:
-    """``timeout`` clamped to what is left before the current request's deadline.
-
-    Raises ``expired`` (an httpcore timeout, which httpx reports as its own) once the
-    deadline has passed, so no further byte is waited for.
-    """
-    deadline = _deadline.get()
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise expired("the deadline for this OPA answer has passed")
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(SyncStream):
-    """httpcore's socket stream, with every read and write held to the request deadline.
-
-    httpx times each socket operation, not the exchange: a server sending one byte
-    of its status line or headers every 0.4 s never trips a 0.5 s read timeout, and
-    h11 keeps reading. Clamping each operation to the time left makes connect,
-    request, headers and body share one deadline, whatever the server does.
-    """
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return super().read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        # SyncStream.write would give every partial send the full timeout; re-clamp
-        # before each one instead.
-        while buffer:
-            left = _time_left(timeout, httpcore.WriteTimeout)
-            try:
-                self._sock.settimeout(left)
-                sent = self._sock.send(buffer)
-            except TimeoutError as exc:
-                raise httpcore.WriteTimeout(str(exc)) from exc
-            except OSError as exc:
-                raise httpcore.WriteError(str(exc)) from exc
-            buffer = buffer[sent:]
-
-
-class _DeadlineBackend(httpcore.SyncBackend):
-    """httpcore's sync backend with :class:`_DeadlineStream` streams, TCP and unix alike.
-
-    Connects are held to the deadline too. It also fixes a leak: httpcore 1.0.9
-    leaves a unix socket open when ``connect()`` fails (refused, or no such file), so
-    a dead OPA would leak one descriptor per query until the garbage collector found
-    it, and the ResourceWarning would then fire in whatever code ran at that moment.
-    """
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(
-            host,
-            port,
-            _time_left(timeout, httpcore.ConnectTimeout),
-            local_address,
-            socket_options,
-        )
-        return _DeadlineStream(stream.get_extra_info("socket"))
-
-    def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        timeout = _time_left(timeout, httpcore.ConnectTimeout)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            for option in socket_options or ():
-                sock.setsockopt(*option)
-            sock.settimeout(timeout)
-            sock.connect(path)
-        except TimeoutError as exc:
-            sock.close()
-            raise httpcore.ConnectTimeout(str(exc)) from exc
-        except OSError as exc:
-            sock.close()
-            raise httpcore.ConnectError(str(exc)) from exc
-        return _DeadlineStream(sock)
-
-
-def _deadline_transport(uds: str | None) -> httpx.HTTPTransport:
-    """httpx's own transport (TCP or unix socket) with the deadline backend above.
-
-    httpx offers no way to pass a network backend, so its pool is replaced by an
-    equal one (httpx's default limits, HTTP/1.1 only) with that backend.
-    ``HTTPTransport._pool`` and ``httpcore._backends.sync.SyncStream`` are private
-    names: revisit on upgrade. The trickling-server tests fail if the deadline is
-    lost, and the unix-socket tests fail loudly (ResourceWarning is an error) if the
-    leak fix is.
-    """
-    transport = httpx.HTTPTransport(uds=uds, retries=0)
-    transport._pool = httpcore.ConnectionPool(
-        uds=uds,
-        network_backend=_DeadlineBackend(),
-        max_connections=100,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        retries=0,
-    )
-    return transport
+# The deadline of the request being made (see gateway.opa.transport): set per
+# request by PolicyClient._ask and PolicyClient.health.
+_deadline = DEADLINE
 
 
 #: The longest bearer token accepted; capgate's own are 43 characters.
@@ -504,7 +405,8 @@ def _validate(path: str, model: type[_D], answer: _Answer) -> _D:
 #: Content encodings accepted in an answer: OPA compresses with gzip when asked to.
 _ENCODINGS: Final = frozenset({"identity", "gzip"})
 
-#: The largest answer read: a compose decision for 10,000 tools is about 2.4 MB.
+#: The largest answer read. Compose for 10,000 tools names its visible tools only
+#: (about 10 kB for 476 visible); explaining it, six checks per tool, is some MB.
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
 
 
@@ -576,7 +478,7 @@ class PolicyClient:
             headers["Authorization"] = f"Bearer {check_token(token)}"
         endpoint = _parse_address(address)
         if transport is None:
-            transport = _deadline_transport(endpoint.uds)
+            transport = DeadlineTransport(uds=endpoint.uds)
         self.address = address
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -585,6 +487,10 @@ class PolicyClient:
         #: Whether a bearer token is sent (the token itself is never kept in reach).
         self.has_token = token is not None
         self._closed = False
+        self._headers = headers
+        self._timeouts = httpx.Timeout(timeout, connect=connect_timeout).as_dict()
+        self._transport = transport
+        self._urls: dict[str, httpx.URL] = {}
         self._http = httpx.Client(
             base_url=endpoint.base_url,
             transport=transport,
@@ -623,11 +529,36 @@ class PolicyClient:
 
     # -- decisions -------------------------------------------------------------
 
-    def compose(self, facts: ComposeInput) -> ComposeDecision:
-        """Which tools may this agent see now? One query, one typed answer."""
+    def compose(self, facts: ComposeInput, *, reasons: bool = False) -> ComposeDecision:
+        """Which tools may this agent see now? One query, one typed answer.
+
+        The answer names the visible tools only. With ``reasons``, the client also
+        asks :meth:`explain_compose` and fills ``excluded`` with the reasons that
+        hide every other tool (messages from :mod:`gateway.model.reasons`), refusing
+        both answers if they disagree: for people and audits, not for agents.
+        """
         # Same serialisation as ExecuteInput.to_opa: None fields are sent as null.
         answer = self._query(COMPOSE_PATH, facts.model_dump(mode="json"))
-        return self._check_catalogue(COMPOSE_PATH, _validate(COMPOSE_PATH, ComposeDecision, answer))
+        decision = self._check_catalogue(
+            COMPOSE_PATH, _validate(COMPOSE_PATH, ComposeDecision, answer)
+        )
+        if not reasons:
+            return decision
+        return with_reasons(decision, self.explain_compose(facts))
+
+    def explain_compose(self, facts: ComposeInput) -> ComposeExplanation:
+        """Every tool, check by check, for these compose facts (``capgate/explain/compose``)."""
+        answer = self._query(EXPLAIN_COMPOSE_PATH, facts.model_dump(mode="json"))
+        return self._check_catalogue(
+            EXPLAIN_COMPOSE_PATH, _validate(EXPLAIN_COMPOSE_PATH, ComposeExplanation, answer)
+        )
+
+    def explain_execute(self, facts: ExecuteInput) -> ExecuteExplanation:
+        """Every check execute makes of this call (``capgate/explain/execute``)."""
+        answer = self._query(EXPLAIN_EXECUTE_PATH, facts.to_opa())
+        return self._check_catalogue(
+            EXPLAIN_EXECUTE_PATH, _validate(EXPLAIN_EXECUTE_PATH, ExecuteExplanation, answer)
+        )
 
     def execute(self, facts: ExecuteInput) -> ExecuteDecision:
         """May this exact call run? One query, one typed answer."""
@@ -735,9 +666,8 @@ class PolicyClient:
         deadline = self._deadline()
         token = _deadline.set(deadline)
         try:
-            with self._http.stream(
-                method, url, params={"provenance": "true"}, **kwargs
-            ) as response:
+            response = self._send(method, url, **kwargs)
+            try:
                 head = _Head(
                     response.status_code,
                     response.http_version,
@@ -745,6 +675,8 @@ class PolicyClient:
                     response.headers.get("content-encoding"),
                 )
                 content = _read_bounded(response, path, deadline)
+            finally:
+                response.close()
         except httpx.TimeoutException as exc:
             self._log(path, started, None, type(exc).__name__)
             raise PolicyUnavailable(
@@ -776,6 +708,32 @@ class PolicyClient:
             raise
         self._log(path, started, answer.decision_id, None)
         return answer
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """One request straight to the transport, bypassing ``httpx.Client.send``.
+
+        The client's machinery (URL merging and parsing, cookies, auth flows,
+        redirects, event hooks) does nothing for a fixed loopback OPA, and costs a
+        third of a decision's time in Python (docs/benchmarks.md). The request is
+        what the client would build: its headers (Accept-Encoding, the token), its
+        timeouts, ``?provenance=true``, and no redirect followed (a 3xx is an answer
+        that is not 200, refused). The URL of each policy path is parsed once.
+        """
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = self._http.base_url.join(url).copy_merge_params(
+                {"provenance": "true"}
+            )
+        request = httpx.Request(
+            method,
+            target,
+            headers={**self._headers, **kwargs.pop("headers", {})},
+            extensions={"timeout": self._timeouts},
+            **kwargs,
+        )
+        response = self._transport.handle_request(request)
+        response.request = request
+        return response
 
     def _refused_hint(self) -> str:
         if self.has_token:

@@ -113,6 +113,8 @@ def _text_digest(text: object) -> str:
     """``sha256:<hex>`` of a caller's string, to record it without repeating it."""
     data = text.encode("utf-8", "replace") if isinstance(text, str) else repr(text).encode()
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 #: Messages of the refusals found after OPA's allow, while claiming the operation.
 _REFUSALS: Final = {
     "budget_exhausted": "another call spent the budget first; nothing was run",
@@ -289,11 +291,16 @@ class Gateway:
 
     # -- compose -----------------------------------------------------------------------
 
-    def compose(self, request: AgentRequest) -> ComposeDecision:
-        """Which tools may this agent see now? Connection state is read from the store."""
+    def compose(self, request: AgentRequest, *, reasons: bool = False) -> ComposeDecision:
+        """Which tools may this agent see now? Connection state is read from the store.
+
+        An agent's compose carries the visible names only. With ``reasons`` (for
+        people: a reviewer, an operator, the demo) ``excluded`` also says why each
+        other tool is hidden, from the policy's explain entrypoint.
+        """
         request = _request(request)
         facts = self.compose_facts(request)
-        decision = self.dispatcher.compose(facts)
+        decision = self.dispatcher.compose(facts, reasons=reasons)
         self._append(
             LedgerEntry(
                 kind="compose",

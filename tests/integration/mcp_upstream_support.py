@@ -286,7 +286,7 @@ class Harness:
         )
 
     def compose(self, role: str) -> ComposeDecision:
-        return self.gateway.compose(self.request(role))
+        return self.gateway.compose(self.request(role), reasons=True)
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
         """``capgate ARGS --store <this store>``: its exit status and its output."""

@@ -187,8 +187,11 @@ def test_compose_is_the_intersection_for_sales(dispatcher):
             "needs": ["contact.read", "quote.propose", "payment.execute"],
         },
     )
-    decision = dispatcher.compose(sales)
-    assert sorted(decision.visible) == ["contact.read", "quote.propose"]
+    agents = dispatcher.compose(sales)
+    assert sorted(agents.visible) == ["contact.read", "quote.propose"]
+    assert agents.excluded == {}  # an agent's compose carries no reasons
+    decision = dispatcher.compose(sales, reasons=True)
+    assert decision.visible == agents.visible
     assert decision.reasons_for("payment.execute") == ["role_not_granted"]
     # No sales_mailbox connection either: every failing check is reported, not just the first.
     assert decision.reasons_for("quote.prepare_send") == [

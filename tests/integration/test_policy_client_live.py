@@ -445,3 +445,81 @@ def test_a_locked_down_opa_answers_the_token_only(transport: str, tmp_path: Path
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- the transport (gateway.opa.transport) ---------------------------------------------
+
+
+def _is_whole_request(data: bytes) -> bool:
+    head, separator, body = data.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return len(body) >= length
+
+
+def _recording_server(answer: bytes) -> tuple[socket.socket, list[bytes], threading.Thread]:
+    """A one-connection server on 127.0.0.1 that records each recv and answers once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    chunks: list[bytes] = []
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            data = b""
+            while not _is_whole_request(data):
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                chunks.append(chunk)
+                data += chunk
+                time.sleep(0.05)  # a second write, if any, lands in a second recv
+            connection.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, chunks, thread
+
+
+def _answer(headers: list[str], body: bytes) -> bytes:
+    return ("HTTP/1.1 200 OK\r\n" + "".join(f"{h}\r\n" for h in headers) + "\r\n").encode() + body
+
+
+def test_a_request_goes_out_in_one_write() -> None:
+    body = json.dumps({"result": {"ok": True}}).encode()
+    answer = _answer(["Content-Type: application/json", f"Content-Length: {len(body)}"], body)
+    listener, chunks, thread = _recording_server(answer)
+    with listener:
+        address = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with PolicyClient(address, timeout=2.0) as client:
+            assert client.query("capgate/anything", {"pad": "x" * 2000}) == ({"ok": True}, None)
+        thread.join(timeout=5)
+    assert len(chunks) == 1, f"the request arrived in {len(chunks)} writes"
+    assert chunks[0].startswith(b"POST /v1/data/capgate/anything?provenance=true HTTP/1.1\r\n")
+    assert chunks[0].endswith(b'"' + b"x" * 2000 + b'"}}')
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        ["Content-Type: application/json", "Content-Length: 20", "Transfer-Encoding: chunked"],
+        ["Content-Type: application/json", "Content-Length: twenty"],
+        ["Content-Type: application/json", "Content-Length: 20", "Content-Length: 20"],
+    ],
+    ids=["length and chunked", "length not a number", "length twice, equal"],
+)
+def test_an_answer_whose_end_is_ambiguous_fails_closed(headers: list[str]) -> None:
+    answer = _answer(headers, b'{"result": {"a": 1}}')
+    listener, _, thread = _recording_server(answer)
+    with listener:
+        address = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with (
+            PolicyClient(address, timeout=2.0) as client,
+            pytest.raises(PolicyUnavailable, match="transport error"),
+        ):
+            client.query("capgate/anything", {})
+        thread.join(timeout=5)

@@ -206,7 +206,7 @@ def test_failure_keeps_the_earlier_bundle(
     write_bundle(catalogue, out_dir, policies)
     before = {name: (out_dir / name).read_bytes() for name in files_under(out_dir)}
 
-    def unwritable(path: Path, value: object) -> None:
+    def unwritable(path: Path, value: object, **_: object) -> None:
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(bundle_module, "_write_json", unwritable)

@@ -261,7 +261,7 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
 
 def test_compiled_document_is_keyed_by_name() -> None:
     document = compile_catalogue(load_catalogue(demo_catalogue_dir("sales")))
-    assert set(document) == {"tools", "task_types", "budget_classes", "roles", "meta"}
+    assert set(document) == {"tools", "task_types", "budget_classes", "roles", "index", "meta"}
     assert set(document["tools"]) == {
         "contact.read",
         "contact.verify_email",
@@ -288,6 +288,49 @@ def test_compiled_document_is_keyed_by_name() -> None:
     assert document["meta"]["tool_count"] == 7
     assert document["meta"]["digest"].startswith("sha256:")
     assert len(document["meta"]["digest"]) == len("sha256:") + 64
+
+
+def test_index_holds_the_tools_that_pass_each_check_by_value() -> None:
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    index = compile_catalogue(catalogue)["index"]
+    assert set(index) == {
+        "by_role",
+        "by_task_type",
+        "by_connection",
+        "no_connection",
+        "by_environment",
+        "by_cost_class",
+    }
+    # Every entry is {name: true}, and holds exactly the tools whose contract says so.
+    for name, tool in catalogue.tools.items():
+        for role in catalogue.roles:
+            assert (name in index["by_role"].get(role, {})) == (role in tool.roles)
+        for task, spec in catalogue.task_types.items():
+            assert (name in index["by_task_type"][task]) == (name in spec.tools)
+        assert (name in index["no_connection"]) == (tool.connection_alias is None)
+        for alias, names in index["by_connection"].items():
+            assert (name in names) == (tool.connection_alias == alias)
+        for environment, names in index["by_environment"].items():
+            assert (name in names) == (environment in tool.environments)
+        assert name in index["by_cost_class"][tool.cost_class.value]
+    entries = [
+        *index["by_role"].values(),
+        *index["by_task_type"].values(),
+        *index["by_connection"].values(),
+        index["no_connection"],
+        *index["by_environment"].values(),
+        *index["by_cost_class"].values(),
+    ]
+    assert all(set(entry.values()) <= {True} for entry in entries)
+    assert index["by_role"]["finance"] == {"payment.execute": True, "invoice.check_approval": True}
+
+
+def test_index_leaves_out_undeclared_roles_and_unknown_task_tools() -> None:
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    index = compile_catalogue(catalogue)["index"]
+    assert set(index["by_role"]) <= set(catalogue.roles)
+    for names in index["by_task_type"].values():
+        assert set(names) <= set(catalogue.tools)
 
 
 def test_compiled_document_holds_no_prose_or_schemas() -> None:

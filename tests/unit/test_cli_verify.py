@@ -21,7 +21,7 @@ import pytest
 from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
+from gateway.model.decisions import ExecuteDecision
 
 SALES = demo_catalogue_dir("sales")
 DIGEST: str = compile_catalogue(load_catalogue(SALES))["meta"]["digest"]
@@ -75,7 +75,10 @@ class FakeOPA:
                 if path == "/v1/data/capgate/execute/decision":
                     result = with_provenance(ExecuteDecision, fake.execute(facts))
                 elif path == "/v1/data/capgate/compose/decision":
-                    result = with_provenance(ComposeDecision, fake.compose(facts))
+                    answer = fake.compose(facts)
+                    result = {"catalogue_digest": DIGEST, "visible": answer.get("visible", [])}
+                elif path == "/v1/data/capgate/explain/compose":
+                    result = fake.explain_compose(facts)
                 else:
                     self._send({"code": "resource_not_found"}, 404)
                     return
@@ -88,6 +91,22 @@ class FakeOPA:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
         )
         self.thread.start()
+
+    def explain_compose(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """Explain's answer, made from ``compose``'s: one role check per tool, passing
+        for a visible tool and failing with ``role_not_granted`` for an excluded one."""
+        answer = self.compose(facts)
+
+        def tool(visible: bool) -> dict[str, Any]:
+            check = {"check": "role", "pass": visible, "facts": {}}
+            return {
+                "visible": visible,
+                "checks": [{**check, "code": None if visible else "role_not_granted"}],
+            }
+
+        tools = {name: tool(True) for name in answer.get("visible", [])}
+        tools.update({name: tool(False) for name in answer.get("excluded", {})})
+        return {"catalogue_digest": DIGEST, "tools": tools}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -227,9 +246,10 @@ REFUSED_COMPOSE: dict[str, tuple[dict[str, Any], str]] = {
         {"visible": ["contact.read"], "excluded": {"ghost.tool": []}},
         "'ghost.tool'",
     ),
+    # Compose lists it, explain hides it: the two answers are refused together.
     "a tool both visible and excluded": (
         {"visible": ["contact.read"], "excluded": {"contact.read": []}},
-        "both visible and excluded",
+        "disagree about which tools are visible",
     ),
     "a tool visible twice": (
         {"visible": ["contact.read", "contact.read"], "excluded": {}},

@@ -77,3 +77,18 @@ def test_version_is_the_distributions():
     from importlib.metadata import version
 
     assert gateway.__version__ == version("capgate")
+
+
+def test_explain_and_reason_surfaces_are_pinned():
+    # Not re-exported from gateway (whose surface is pinned above): imported from
+    # their modules by capgate explain, capgate diff and the tests.
+    from gateway.model import decisions, reasons
+    from gateway.opa import client
+
+    assert set(reasons.__all__) == {"TEMPLATES", "compose_reasons", "render", "with_reasons"}
+    assert {"Check", "ComposeExplanation", "ExecuteExplanation", "ToolExplanation"} <= set(
+        decisions.__all__
+    )
+    assert {"EXPLAIN_COMPOSE_PATH", "EXPLAIN_EXECUTE_PATH"} <= set(client.__all__)
+    assert client.EXPLAIN_COMPOSE_PATH == "capgate/explain/compose"
+    assert client.EXPLAIN_EXECUTE_PATH == "capgate/explain/execute"

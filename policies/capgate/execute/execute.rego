@@ -86,7 +86,7 @@ default allow := false
 # a reason that failed to render can never turn into an allow.
 allow if {
 	_is_known_tool
-	visibility.is_visible(_name)
+	count(_compose_failed) == 0
 	_version_matches
 	_stage_fits
 	_approval_satisfied
@@ -115,7 +115,8 @@ reasons contains {"code": "unknown_tool", "message": message} if {
 # The compose checks, exactly as compose runs them.
 reasons contains reason if {
 	_is_known_tool
-	some reason in visibility.reasons(_name)
+	some check in _compose_failed
+	reason := visibility.reason(check, _name)
 }
 
 reasons contains {"code": "version_mismatch", "message": message} if {
@@ -231,6 +232,11 @@ reasons contains {"code": "operation_id_missing", "message": message} if {
 	not _has_idempotency_key
 	message := sprintf("tool %s takes an idempotency key and the call has no operation_id", [_quote(_name)])
 }
+
+# The compose checks the called tool fails (capgate.visibility.failed_checks), asked
+# once: allow requires none, and each gives its reason. Empty exactly when
+# visibility.is_visible holds for the tool.
+_compose_failed := visibility.failed_checks(_name)
 
 # The call and its contract, normalised: a call that is not an object is {}, and a
 # catalogue entry that is not an object is no contract at all.

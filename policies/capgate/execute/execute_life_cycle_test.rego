@@ -242,8 +242,7 @@ test_deny_stage_check_matrix if {
 		}
 	}
 	want := {note: object.union(_no_codes, row.codes) | some note, row in _stage_rows}
-	wrong := {note | some note, codes in got; codes != want[note]}
-	wrong == set()
+	_failed_rows("_stage_rows (execute_life_cycle_test.rego)", got, want) == {}
 }
 
 _no_codes := {"call": set(), "propose": set(), "dispatch": set()}
@@ -369,8 +368,7 @@ test_allow_needs_review_follows_the_contract if {
 		propose_codes := fixtures_test.codes(propose.reasons)
 	}
 	want := {note: _stage_codes(case.needs_review) | some note, case in _review_settings}
-	wrong := {note | some note, codes in got; codes != want[note]}
-	wrong == set()
+	_failed_rows("_review_settings (execute_life_cycle_test.rego)", got, want) == {}
 }
 
 _stage_codes(true) := [{"review_required"}, set()]
@@ -427,8 +425,7 @@ test_deny_budget_message_names_the_fault if {
 			with time.now_ns as fixtures_test.now_ns
 	}
 	want := {note: {{"code": "budget_exhausted", "message": case.message}} | some note, case in _budget_messages}
-	wrong := {note | some note, reasons in got; reasons != want[note]}
-	wrong == set()
+	_failed_rows("_budget_messages (execute_life_cycle_test.rego)", got, want) == {}
 }
 
 _budget_messages := {

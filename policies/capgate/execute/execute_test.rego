@@ -1,6 +1,5 @@
 package capgate.execute_test
 
-import data.capgate.compose
 import data.capgate.execute
 import data.capgate.fixtures_test
 
@@ -41,8 +40,7 @@ test_allow_matrix if {
 			with time.now_ns as fixtures_test.now_ns
 	}
 	want := {note: {"allow": true, "codes": set(), "obligations": case.obligations} | some note, case in _allow_cases}
-	wrong := {note | some note, summary in got; summary != want[note]}
-	wrong == set()
+	_failed_rows("_allow_cases (execute_test.rego)", got, want) == {}
 }
 
 _oracle_call := {"call": {"tool": "oracle.price", "version": 2, "subject": null}, "budget": {"cost": 3}}
@@ -195,8 +193,7 @@ test_deny_matrix if {
 			with time.now_ns as fixtures_test.now_ns
 	}
 	want := {note: {"allow": false, "codes": case.codes, "obligations": set()} | some note, case in _all_deny_cases}
-	wrong := {note | some note, summary in got; summary != want[note]}
-	wrong == set()
+	_failed_rows("_all_deny_cases (execute_test.rego)", got, want) == {}
 }
 
 _deny_cases := {
@@ -406,7 +403,8 @@ test_deny_unknown_tool_stands_alone if {
 }
 
 # Execute re-derives visibility exactly as compose does: for every tool and set of
-# facts, the compose reasons of a call are the tool's reasons in compose.excluded.
+# facts, the compose reasons of a call are the tool's reasons in compose's explanation
+# (capgate.explain, fixtures_test.compose_excluded).
 test_deny_execute_agrees_with_compose if {
 	inputs := [
 		fixtures_test.execute_input,
@@ -417,7 +415,7 @@ test_deny_execute_agrees_with_compose if {
 		object.union(fixtures_test.execute_input, {"quarantined": "all"}),
 	]
 	every facts in inputs {
-		excluded := compose.decision.excluded with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+		excluded := fixtures_test.compose_excluded with input as facts with data.capgate.catalogue as fixtures_test.catalogue
 		every name in fixtures_test.tool_names {
 			call := object.union(facts, {"call": {"tool": name}})
 			decision := execute.decision with input as call

@@ -1,11 +1,14 @@
 # METADATA
 # title: Tool visibility
 # description: |
-#   The compose checks, in two forms over the same facts. Per tool, is_visible and
-#   reasons, for execute: a few keyed lookups whatever the catalogue's size. Over the
-#   whole catalogue, visible_tools and excluded_tools, for compose: each check run
-#   once for every tool. A tool hidden at compose time is therefore never callable.
-#   A missing or malformed fact fails its check (deny by default).
+#   The compose checks, each written once over the catalogue's index
+#   (data.capgate.catalogue.index, compiled with the catalogue: for each fact a check
+#   reads, the tools that pass for each value). Per tool, a check is one keyed lookup
+#   in the index (is_visible, reasons, checks: what execute asks). Over the whole
+#   catalogue, a check is the set the index holds for the input's value, and compose
+#   is the intersection of those sets (visible_tools, tool_checks). Both forms read
+#   the same entries of the same index, so a tool hidden at compose time is never
+#   callable. A missing or malformed fact fails its check (deny by default).
 # custom:
 #   reason_codes:
 #     - role_not_granted
@@ -21,9 +24,9 @@ package capgate.visibility
 # METADATA
 # title: Is the tool visible?
 # description: |
-#   True only when the tool is in the catalogue and every compose check passes.
-#   Decided by the positive checks themselves, so a hidden tool stays hidden even if
-#   a reason could not be rendered.
+#   True only when every compose check passes for the tool. Decided by the positive
+#   checks themselves, so a hidden tool stays hidden even if a reason could not be
+#   rendered. Execute also checks that the tool is in the catalogue.
 is_visible(name) if {
 	_role_granted(name)
 	_task_lists(name)
@@ -37,7 +40,8 @@ is_visible(name) if {
 # title: Why the tool is hidden
 # description: |
 #   The set of {"code", "message"} reasons that hide the tool: one per failing check,
-#   empty exactly when is_visible(name) holds.
+#   empty exactly when is_visible(name) holds. Execute reports these; compose reports
+#   codes only, on request (capgate.explain), and the gateway renders their messages.
 # custom:
 #   reason_codes:
 #     - role_not_granted
@@ -48,30 +52,43 @@ is_visible(name) if {
 #     - environment_restricted
 #     - budget_class_exceeded
 #     - tool_quarantined
-reasons(name) := union({
-	_role_reasons(name),
-	_task_reasons(name),
-	_connection_reasons(name),
-	_environment_reasons(name),
-	_budget_reasons(name),
-	_quarantine_reasons(name),
+reasons(name) := {reason(check, name) | some check in failed_checks(name)}
+
+# METADATA
+# title: The checks that hide the tool
+# description: |
+#   The names of the compose checks (role, task, connection, environment, budget,
+#   quarantine) that the tool fails, each decided by its per-tool lookup: empty
+#   exactly when is_visible(name) holds. Execute asks this once per call and derives
+#   both its verdict and its reasons from it.
+failed_checks(name) := union({
+	_fails_role(name),
+	_fails_task(name),
+	_fails_connection(name),
+	_fails_environment(name),
+	_fails_budget(name),
+	_fails_quarantine(name),
 })
 
-# METADATA
-# title: Every visible tool
-# description: |
-#   The names of the catalogue's tools for which is_visible(name) holds: the names
-#   in the set of every check. Like is_visible, decided by the positive checks alone.
-visible_tools := (passing & _budget_admits_names) & _not_quarantined_names if {
-	passing := ((_role_granted_names & _task_lists_names) & _connection_active_names) & _environment_allowed_names
-}
+# One set per check, each calling its check directly: cheaper per call than asking
+# _passes, whose six definitions OPA would try in turn for every check.
+_fails_role(name) := {"role" | not _role_granted(name)}
+
+_fails_task(name) := {"task" | not _task_lists(name)}
+
+_fails_connection(name) := {"connection" | not _connection_active(name)}
+
+_fails_environment(name) := {"environment" | not _environment_allowed(name)}
+
+_fails_budget(name) := {"budget" | not _budget_admits(name)}
+
+_fails_quarantine(name) := {"quarantine" | not _not_quarantined(name)}
 
 # METADATA
-# title: Every hidden tool, with its reasons
+# title: The reason a failed check gives
 # description: |
-#   {name: reasons(name)} for every tool of the catalogue not in visible_tools. A
-#   tool's reasons are gathered from the per-check reasons, each built only for the
-#   tools that fail that check.
+#   {"code", "message"} for the compose check named check failing for the tool, the
+#   message naming the facts the check read.
 # custom:
 #   reason_codes:
 #     - role_not_granted
@@ -82,21 +99,119 @@ visible_tools := (passing & _budget_admits_names) & _not_quarantined_names if {
 #     - environment_restricted
 #     - budget_class_exceeded
 #     - tool_quarantined
-excluded_tools := {name: tool_reasons | # regal ignore:prefer-set-or-object-rule
-	by_check := _reasons_by_check
-	some name in (_names - visible_tools)
-	tool_reasons := {reason | some by_name in by_check; reason := by_name[name]}
+reason(check, name) := {"code": code, "message": _message(code, name, _facts(check, name))} if {
+	code := _code(check, name)
 }
 
-_reasons_by_check := [
-	_role_reasons_by_name,
-	_task_needs_reasons_by_name,
-	_task_type_reasons_by_name,
-	_connection_reasons_by_name,
-	_environment_reasons_by_name,
-	_budget_reasons_by_name,
-	_quarantine_reasons_by_name,
-]
+# METADATA
+# title: Every check, for one tool
+# description: |
+#   [{"check", "pass", "code", "facts"}, ...] for the six compose checks in order
+#   (role, task, connection, environment, budget, quarantine), each decided by the
+#   per-tool lookup that is_visible makes. code is null exactly when the check
+#   passes; facts are the values the check read.
+checks(name) := [_tool_check(check, name) | some check in _check_names]
+
+# METADATA
+# scope: document
+# title: Every visible tool
+# description: |
+#   The catalogue's tools that pass every check. The task, role and connection
+#   checks, which hide most of a large catalogue, are read whole from the index and
+#   intersected; the few candidates left are looked up one by one in the
+#   environment and budget entries by the per-tool checks execute makes; quarantined
+#   names are taken out. visibility_equivalence_test.rego holds this set to the
+#   tools for which is_visible holds, and capgate.explain's verdicts to it.
+default visible_tools := set()
+
+visible_tools := {name | some name in _candidates; _ = _tools[name]} - _quarantined_names if {
+	not _is_quarantine_malformed
+}
+
+# The catalogue's names (10,000 of them in a large catalogue) are never built here,
+# nor the environment and cost-class sets, each most of the catalogue: building a
+# set of the keys of an entry costs more per name than looking a candidate up in it
+# (OPA 1.22.4, 10,000 tools: 7.5 ms against 11.5 ms in opa bench). A comprehension,
+# not a partial set rule, which OPA evaluates about twice as slowly here.
+_candidates := {name | # regal ignore:prefer-set-or-object-rule
+	environment := _index.by_environment[_environment] # _environment_allowed, bound once
+	some name in ((_task_lists_names & _role_granted_names) & _connection_active_names)
+	_ = environment[name]
+	_budget_admits(name)
+}
+
+# METADATA
+# title: Every tool, check by check
+# description: |
+#   {name: {"visible": bool, "checks": [...]}} for every tool of the catalogue, the
+#   checks shaped as checks(name) but decided by membership in the sets visible_tools
+#   intersects. For people and audits (capgate.explain), not for agents: it builds
+#   six objects per tool.
+tool_checks := {name: explained | # regal ignore:prefer-set-or-object-rule
+	passing := _passing
+	visible := visible_tools
+	some name in _names
+	explained := {
+		"visible": name in visible,
+		"checks": [_set_check(check, name, passing) | some check in _check_names],
+	}
+}
+
+_check_names := ["role", "task", "connection", "environment", "budget", "quarantine"]
+
+# The names that pass each check, read whole from the index.
+_passing := {
+	"role": _role_granted_names,
+	"task": _task_lists_names,
+	"connection": _connection_active_names,
+	"environment": _environment_allowed_names,
+	"budget": _budget_admits_names,
+	"quarantine": _not_quarantined_names,
+}
+
+_tool_check(check, name) := {"check": check, "pass": true, "code": null, "facts": _facts(check, name)} if {
+	_passes(check, name)
+} else := {"check": check, "pass": false, "code": _code(check, name), "facts": _facts(check, name)}
+
+_set_check(check, name, passing) := {"check": check, "pass": true, "code": null, "facts": _facts(check, name)} if {
+	name in passing[check]
+} else := {"check": check, "pass": false, "code": _code(check, name), "facts": _facts(check, name)}
+
+_passes("role", name) if _role_granted(name)
+
+_passes("task", name) if _task_lists(name)
+
+_passes("connection", name) if _connection_active(name)
+
+_passes("environment", name) if _environment_allowed(name)
+
+_passes("budget", name) if _budget_admits(name)
+
+_passes("quarantine", name) if _not_quarantined(name)
+
+_code("role", _) := "role_not_granted"
+
+_code("task", _) := "not_needed_by_task"
+
+_code("connection", name) := _connection_code(name)
+
+_code("environment", _) := "environment_restricted"
+
+_code("budget", _) := "budget_class_exceeded"
+
+_code("quarantine", _) := "tool_quarantined"
+
+_facts("role", _) := {"role": _role}
+
+_facts("task", _) := {"task_type": _task_type, "needs": _task_needs}
+
+_facts("connection", name) := {"alias": _alias(name), "status": object.get(_connections, [_alias(name)], null)}
+
+_facts("environment", _) := {"environment": _environment}
+
+_facts("budget", name) := {"budget_class": _budget_class, "cost_class": object.get(_tools, [name, "cost_class"], null)}
+
+_facts("quarantine", name) := {"listed": name in _quarantined_names, "list_malformed": _is_quarantine_malformed}
 
 # Facts from the catalogue and the input, normalised once per query. A fact that is
 # missing or has the wrong type becomes a value that no check accepts.
@@ -107,31 +222,46 @@ _tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools
 
 _names := object.keys(_tools)
 
+default _index := {}
+
+_index := data.capgate.catalogue.index if is_object(data.capgate.catalogue.index)
+
+# The index entry for a fact's value, null when there is none. A path lookup never
+# fails, whatever the type of the value or of the index's sections.
+_entry(section, value) := object.get(_index, [section, value], null)
+
+# The names of an index entry: its keys when it is an object, else none.
+_members(entry) := object.keys(entry) if is_object(entry)
+
+else := set()
+
+# Per tool, a name is in an index entry when the entry holds it as a key, whatever
+# the value, as the whole-set form (object.keys) reads the keys only. A lookup into
+# anything but an object is undefined, so a malformed entry holds nothing in both.
+
 default _role := null
 
 _role := input.principal.role
 
-# A role counts only when the catalogue declares it as well as the tool granting it.
+# A role counts only when the catalogue declares it, as well as the index granting it.
 default _role_declared := false
 
 _role_declared if {
 	is_string(_role)
-	_ := data.capgate.catalogue.roles[_role]
+	_ = data.capgate.catalogue.roles[_role]
 }
 
 default _task_type := null
 
 _task_type := input.task.type
 
-default _task_tools := {}
+default _task_needs := null
 
-_task_tools := data.capgate.catalogue.task_types[_task_type].tools if {
-	is_object(data.capgate.catalogue.task_types[_task_type].tools)
-}
+_task_needs := input.task.needs
 
 # task.needs narrows the task type's list when present; null means absent. A
 # present value that is not a list narrows to nothing.
-_is_narrowed if input.task.needs != null
+_is_narrowed if _task_needs != null
 
 _needs contains need if {
 	is_array(input.task.needs)
@@ -156,68 +286,34 @@ _admits := data.capgate.catalogue.budget_classes[_budget_class].admits if {
 	is_object(data.capgate.catalogue.budget_classes[_budget_class].admits)
 }
 
-# The input's facts as JSON for messages, rendered once per query.
-_role_text := json.marshal(_role)
+# The cost classes the budget class admits: those it maps to true.
+_admitted contains cost_class if {
+	some cost_class, admitted in _admits
+	admitted == true
+}
 
-_task_type_text := json.marshal(_task_type)
-
-_environment_text := json.marshal(_environment)
-
-_budget_class_text := json.marshal(_budget_class)
-
-# The checks, each in its two forms, beside the reason it gives when it fails.
-#
-# Per tool (execute): a function of the tool's name, a string, that looks the
-# contract up in _tools, cheaper per call than passing the contract object around.
-# Negate only these functions: `not` over an expression with a reference argument is
-# undefined, not true, when the reference is.
-#
-# Whole catalogue (compose): the set of the names that pass, the same test written
-# inline over every contract, since OPA's cost per function call, paid for every
-# tool and check, is several times the cost of the checks themselves. The names that
-# fail are the catalogue's names minus that set: no `not` at all. Rules and values
-# used inside the loop are bound to a local first, so they are looked up once, not
-# once per tool. The reasons are objects keyed by name, built only for the names
-# that fail, as comprehensions: OPA (1.22.4) evaluates a partial object rule
-# `x[name] := ...` in time quadratic in its number of keys (10,000 tools: 2 s;
-# 30,000: 48 s), the comprehension in linear time.
-#
-# A name with no contract, or a contract that is not an object, fails every check
-# that reads the contract, in both forms. Both forms share the message formats, and
-# visibility_equivalence_test.rego holds them to the same answers.
+# The checks. Each has a per-tool form, a function of the tool's name that looks the
+# name up in the index entry the input selects, and a whole-set form, the names of
+# that same entry. visibility_equivalence_test.rego holds the two to the same answer
+# on well-formed and malformed data. Negate only the per-tool functions: `not` over
+# an expression with a reference argument is undefined, not true, when the
+# reference is.
 
 # role_not_granted
 
 _role_granted(name) if {
 	_role_declared
-	_tools[name].roles[_role] == true
+	_ = _index.by_role[_role][name]
 }
 
-_role_granted_names contains name if {
-	_role_declared
-	role := _role # regal ignore:pointless-reassignment
-	some name, contract in _tools
-	contract.roles[role] == true
-}
+default _role_granted_names := set()
 
-_role_format := "role %s is not granted tool %q"
-
-_role_reasons(name) := {reason |
-	not _role_granted(name)
-	reason := {"code": "role_not_granted", "message": sprintf(_role_format, [_role_text, name])}
-}
-
-_role_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	format := _role_format
-	role_text := _role_text
-	some name in (_names - _role_granted_names)
-	reason := {"code": "role_not_granted", "message": sprintf(format, [role_text, name])}
-}
+_role_granted_names := _members(_entry("by_role", _role)) if _role_declared
 
 # not_needed_by_task
 
 _task_lists(name) if {
-	_task_tools[name] == true
+	_ = _index.by_task_type[_task_type][name]
 	_needs_name(name)
 }
 
@@ -225,155 +321,64 @@ _needs_name(_) if not _is_narrowed
 
 _needs_name(name) if name in _needs
 
-# The task type's list, which may name tools the catalogue lacks: visible_tools
-# keeps catalogue names only, as every other check's set holds only those.
-_task_listed_names contains name if {
-	some name, listed in _task_tools
-	listed == true
-}
+_task_listed_names := _members(_entry("by_task_type", _task_type))
 
 _task_lists_names := _task_listed_names & _needs if {
 	_is_narrowed
 } else := _task_listed_names
 
-# The message tells a tool cut by task.needs from one the task type does not list.
-_task_needs_format := "task.needs does not name tool %q"
-
-_task_type_format := "task type %s does not list tool %q"
-
-_task_reasons(name) := {reason |
-	not _task_lists(name)
-	reason := {"code": "not_needed_by_task", "message": _task_message(name)}
-}
-
-_task_message(name) := sprintf(_task_needs_format, [name]) if {
-	_task_tools[name] == true
-} else := sprintf(_task_type_format, [_task_type_text, name])
-
-_task_denied_names := _names - _task_lists_names
-
-_task_needs_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	format := _task_needs_format
-	some name in (_task_denied_names & _task_listed_names)
-	reason := {"code": "not_needed_by_task", "message": sprintf(format, [name])}
-}
-
-_task_type_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	format := _task_type_format
-	task_type_text := _task_type_text
-	some name in (_task_denied_names - _task_listed_names)
-	reason := {"code": "not_needed_by_task", "message": sprintf(format, [task_type_text, name])}
-}
-
 # connection_missing, tool_not_enabled_for_tenant, connection_revoked
 
-# The aliases a visible tool may name: the tenant's active connections, and null
-# for a tool that needs no connection.
-_active_aliases := {alias | some alias, status in _connections; status == "active"} | {null}
-
-_connection_active(name) if _tools[name].connection_alias in _active_aliases
-
-_connection_active_names contains name if {
-	active_aliases := _active_aliases # regal ignore:pointless-reassignment
-	some name, contract in _tools
-	contract.connection_alias in active_aliases
-}
-
-# The reason code for each of the tenant's connections, for a tool whose connection
-# is not active; a connection the tenant lacks is missing. A status other than
-# active or disabled reads as revoked.
-_connection_codes[alias] := "tool_not_enabled_for_tenant" if {
+_active_aliases contains alias if {
 	some alias, status in _connections
-	status == "disabled"
+	status == "active"
 }
 
-_connection_codes[alias] := "connection_revoked" if {
-	some alias, status in _connections
-	status != "disabled"
+_connection_active(name) if _ = _index.no_connection[name]
+
+_connection_active(name) if {
+	some alias in _active_aliases
+	_ = _index.by_connection[alias][name]
 }
 
-_connection_formats := {
-	"connection_missing": "the tenant has no connection %s, which tool %q needs",
-	"tool_not_enabled_for_tenant": "the tenant has disabled connection %s, which tool %q needs",
-	"connection_revoked": "connection %s, which tool %q needs, is revoked or otherwise not active",
-}
+_connection_active_names := _members(object.get(_index, "no_connection", null)) | union({names |
+	some alias in _active_aliases
+	names := _members(_entry("by_connection", alias))
+})
 
-# Both forms read the alias and the cost class with object.get and a path from
-# _tools, which never fails: null when the tool has no contract, the contract is not
-# an object or lacks the field. The alias is looked up as a one-element path, so an
-# alias that is not a string is one key, never a path.
+# The contract's alias names the connection in the facts and picks the code of a
+# failing check; it never decides the check. Read with object.get and a path, which
+# never fails: null when the tool has no contract or the contract lacks the field.
+# A status other than active or disabled reads as revoked; a connection the tenant
+# lacks, or an active one the index does not hold the tool under, is missing.
+_alias(name) := object.get(_tools, [name, "connection_alias"], null)
 
-_connection_reasons(name) := {reason |
-	not _connection_active(name)
-	alias := object.get(_tools, [name, "connection_alias"], null)
-	code := object.get(_connection_codes, [alias], "connection_missing")
-	message := sprintf(_connection_formats[code], [json.marshal(alias), name])
-	reason := {"code": code, "message": message}
-}
+_connection_code(name) := "tool_not_enabled_for_tenant" if {
+	_connections[_alias(name)] == "disabled"
+} else := "connection_revoked" if {
+	_has_connection(name)
+	_connections[_alias(name)] != "active"
+} else := "connection_missing"
 
-_connection_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	tools := _tools
-	codes := _connection_codes
-	formats := _connection_formats
-	some name in (_names - _connection_active_names)
-	alias := object.get(tools, [name, "connection_alias"], null)
-	code := object.get(codes, [alias], "connection_missing")
-	message := sprintf(formats[code], [json.marshal(alias), name])
-	reason := {"code": code, "message": message}
-}
+_has_connection(name) if _ = _connections[_alias(name)]
 
 # environment_restricted
 
-_environment_allowed(name) if _tools[name].environments[_environment] == true
+_environment_allowed(name) if _ = _index.by_environment[_environment][name]
 
-_environment_allowed_names contains name if {
-	environment := _environment # regal ignore:pointless-reassignment
-	some name, contract in _tools
-	contract.environments[environment] == true
-}
-
-_environment_format := "tool %q is not available in environment %s"
-
-_environment_reasons(name) := {reason |
-	not _environment_allowed(name)
-	reason := {"code": "environment_restricted", "message": sprintf(_environment_format, [name, _environment_text])}
-}
-
-_environment_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	format := _environment_format
-	environment_text := _environment_text
-	some name in (_names - _environment_allowed_names)
-	reason := {"code": "environment_restricted", "message": sprintf(format, [name, environment_text])}
-}
+_environment_allowed_names := _members(_entry("by_environment", _environment))
 
 # budget_class_exceeded
 
-_budget_admits(name) if _admits[_tools[name].cost_class] == true
-
-_budget_admits_names contains name if {
-	admits := _admits # regal ignore:pointless-reassignment
-	some name, contract in _tools
-	admits[contract.cost_class] == true
+_budget_admits(name) if {
+	some cost_class in _admitted
+	_ = _index.by_cost_class[cost_class][name]
 }
 
-_budget_format := "budget class %s does not admit cost class %s of tool %q"
-
-_budget_reasons(name) := {reason |
-	not _budget_admits(name)
-	cost_class := object.get(_tools, [name, "cost_class"], null)
-	message := sprintf(_budget_format, [_budget_class_text, json.marshal(cost_class), name])
-	reason := {"code": "budget_class_exceeded", "message": message}
-}
-
-_budget_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	tools := _tools
-	format := _budget_format
-	budget_class_text := _budget_class_text
-	some name in (_names - _budget_admits_names)
-	cost_class := object.get(tools, [name, "cost_class"], null)
-	message := sprintf(format, [budget_class_text, json.marshal(cost_class), name])
-	reason := {"code": "budget_class_exceeded", "message": message}
-}
+_budget_admits_names := union({names |
+	some cost_class in _admitted
+	names := _members(_entry("by_cost_class", cost_class))
+})
 
 # tool_quarantined
 
@@ -381,6 +386,8 @@ _budget_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-r
 # of them a person has not accepted (the gateway reads it from its pins of upstream
 # definitions). null or absent quarantines nothing; a value that is not a list
 # quarantines every tool, as a task.needs that is not a list narrows to nothing.
+default _is_quarantine_malformed := false
+
 _is_quarantine_malformed if {
 	input.quarantined != null
 	not is_array(input.quarantined)
@@ -400,15 +407,31 @@ default _not_quarantined_names := set()
 
 _not_quarantined_names := _names - _quarantined_names if not _is_quarantine_malformed
 
-_quarantine_format := "tool %q is quarantined: its MCP server's current definition of it is not one a person accepted"
+# Messages, for execute's reasons only: each names the facts its check read, as JSON.
 
-_quarantine_reasons(name) := {reason |
-	not _not_quarantined(name)
-	reason := {"code": "tool_quarantined", "message": sprintf(_quarantine_format, [name])}
+_message(code, name, facts) := sprintf(_formats[code], array.concat(
+	[json.marshal(name)],
+	[json.marshal(facts[key]) | some key in _format_facts[code]],
+))
+
+_formats := {
+	"role_not_granted": "tool %s is not granted to role %s",
+	"not_needed_by_task": "tool %s is not offered by task type %s with task.needs %s",
+	"connection_missing": "tool %s needs connection %s, which the tenant does not have",
+	"tool_not_enabled_for_tenant": "tool %s needs connection %s, which the tenant has disabled",
+	"connection_revoked": "tool %s needs connection %s, whose status is %s, not active",
+	"environment_restricted": "tool %s is not available in environment %s",
+	"budget_class_exceeded": "tool %s has cost class %s, which budget class %s does not admit",
+	"tool_quarantined": "tool %s is quarantined: its MCP server's current definition of it is not one a person accepted",
 }
 
-_quarantine_reasons_by_name := {name: reason | # regal ignore:prefer-set-or-object-rule
-	format := _quarantine_format
-	some name in (_names - _not_quarantined_names)
-	reason := {"code": "tool_quarantined", "message": sprintf(format, [name])}
+_format_facts := {
+	"role_not_granted": ["role"],
+	"not_needed_by_task": ["task_type", "needs"],
+	"connection_missing": ["alias"],
+	"tool_not_enabled_for_tenant": ["alias"],
+	"connection_revoked": ["alias", "status"],
+	"environment_restricted": ["environment"],
+	"budget_class_exceeded": ["cost_class", "budget_class"],
+	"tool_quarantined": [],
 }

@@ -1,90 +1,131 @@
 # METADATA
 # title: The two forms of the visibility checks agree
 # description: |
-#   capgate.visibility writes each compose check twice: per tool (is_visible, reasons;
-#   execute asks these) and over the whole catalogue (visible_tools, excluded_tools;
-#   compose asks these, as the per-tool calls cost too much for a large catalogue).
-#   For every catalogue and facts below, well formed or not, compose's decision must
-#   be exactly what the per-tool functions say of each tool: the same visible names,
-#   and for every other tool the same reasons, codes and messages.
+#   capgate.visibility writes each compose check once over the catalogue's index and
+#   reads it in two forms: per tool (is_visible, checks; execute asks these) and as
+#   whole sets (visible_tools, tool_checks; compose and capgate.explain ask these).
+#   For every catalogue and facts below, well formed or not, compose's visible set
+#   must be exactly the tools is_visible admits, and explain must report for every
+#   tool exactly the checks, codes and facts the per-tool form reports, with a
+#   verdict equal to membership in compose's visible set.
 package capgate.visibility_test
 
 import data.capgate.compose
+import data.capgate.explain
 import data.capgate.fixtures_test
 import data.capgate.visibility
 
-# One test per catalogue, each comparing the two decisions for every facts in the
+# One test per catalogue, each comparing the two forms for every facts in the
 # table; `wrong` names the facts they disagree on.
 
 test_allow_compose_agrees_with_per_tool_checks_on_the_fixture if {
-	compared := {note: [got, want] |
+	wrong := {note |
 		some note, facts in _facts
-		got := _visibility_part(compose.decision) with input as facts
-		want := _per_tool_decision with input as facts
+		not _agrees with input as facts
 	} with data.capgate.catalogue as fixtures_test.catalogue
-	count(compared) == count(_facts)
-	wrong := {note | some note, [got, want] in compared; got != want}
 	wrong == set()
 }
 
 test_allow_compose_agrees_with_per_tool_checks_on_malformed_entries if {
-	compared := {note: [got, want] |
+	wrong := {note |
 		some note, facts in _facts
-		got := _visibility_part(compose.decision) with input as facts
-		want := _per_tool_decision with input as facts
+		not _agrees with input as facts
 	} with data.capgate.catalogue as _malformed_catalogue
-	count(compared) == count(_facts)
-	wrong := {note | some note, [got, want] in compared; got != want}
 	wrong == set()
 }
 
+test_allow_compose_agrees_with_per_tool_checks_on_a_malformed_index if {
+	every index in _malformed_indexes {
+		wrong := {note |
+			some note, facts in _facts
+			not _agrees with input as facts
+		} with data.capgate.catalogue as object.union(fixtures_test.catalogue, {"index": index})
+		wrong == set()
+	}
+}
+
 test_allow_compose_agrees_with_per_tool_checks_on_missing_sections if {
-	compared := {note: [got, want] |
+	wrong := {note |
 		some note, facts in _facts
-		got := _visibility_part(compose.decision) with input as facts
-		want := _per_tool_decision with input as facts
+		not _agrees with input as facts
 	} with data.capgate.catalogue as _sections_missing
-	count(compared) == count(_facts)
-	wrong := {note | some note, [got, want] in compared; got != want}
 	wrong == set()
 }
 
 test_allow_compose_agrees_with_per_tool_checks_without_tools if {
 	every catalogue in [{}, {"tools": ["contact.read"]}, object.union(fixtures_test.catalogue, {"tools": "all"})] {
-		decisions := {[got, want] |
+		answers := {[visible, tools] |
 			some facts in _facts
-			got := _visibility_part(compose.decision) with input as facts
-			want := _per_tool_decision with input as facts
+			visible := compose.decision.visible with input as facts
+			tools := explain.compose.tools with input as facts
 		} with data.capgate.catalogue as catalogue
-		decisions == {[{"visible": set(), "excluded": {}}, {"visible": set(), "excluded": {}}]}
+		answers == {[set(), {}]}
+		wrong := {note |
+			some note, facts in _facts
+			not _agrees with input as facts
+		} with data.capgate.catalogue as catalogue
+		wrong == set()
 	}
 }
 
-# The part of compose's decision that the visibility checks make; the rest (the
-# catalogue digest) is pinned by the compose and provenance tests.
-_visibility_part(decision) := object.filter(decision, {"visible", "excluded"})
+# Both forms answer the same under the input and catalogue the caller mocks. Both
+# must answer: an undefined answer counts as disagreement.
+_agrees if {
+	names := object.keys(_catalogue_tools)
+	per_tool_visible := {name | some name in names; visibility.is_visible(name)}
+	compose.decision.visible == per_tool_visible
+	explained := explain.compose.tools
+	object.keys(explained) == names
+	every name in names {
+		explained[name].checks == visibility.checks(name)
+		explained[name].visible == _is_in(name, per_tool_visible)
+		explained[name].visible == _verdict(explained[name].checks)
+		_codes(explained[name].checks) == {reason.code | some reason in visibility.reasons(name)}
+	}
+}
+
+_every_check_passes(checks) if {
+	every check in checks {
+		check.pass == true
+	}
+}
+
+# `x == (y in s)` is rewritten by opa fmt (1.22.4) as `(x == y) in s`: ask a function.
+_is_in(x, s) if x in s
+
+else := false
+
+_verdict(checks) if _every_check_passes(checks)
+
+else := false
+
+_codes(checks) := {check.code | some check in checks; check.pass == false}
 
 _sections_missing := json.remove(fixtures_test.catalogue, ["roles", "task_types", "budget_classes"])
-
-# The decision compose would give if it asked the per-tool functions for every tool,
-# as it did before the whole-catalogue form existed.
-_per_tool_decision := {"visible": visible, "excluded": excluded} if {
-	names := object.keys(_catalogue_tools)
-	visible := {name | some name in names; visibility.is_visible(name)}
-	excluded := {name: reasons |
-		some name in names
-		reasons := visibility.reasons(name)
-		count(reasons) > 0
-	}
-}
 
 default _catalogue_tools := {}
 
 _catalogue_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
 
+# Indexes the compiler would never write: entries of the wrong type, grants that are
+# not true, names the catalogue lacks, and no index at all.
+_malformed_indexes := [
+	{},
+	"index",
+	{
+		"by_role": {"sales": ["contact.read"]},
+		"by_task_type": "customer_quote",
+		"by_connection": {"crm": null, "sales_mailbox": {"quote.prepare_send": false}},
+		"no_connection": ["oracle.price"],
+		"by_environment": {"production": {"contact.read": "yes", "ghost": true}},
+		"by_cost_class": {"free": {"oracle.price": null}, "low": 7},
+	},
+	object.union(fixtures_test.catalogue.index, {"by_role": {"sales": {"ghost": true}}, "no_connection": "all"}),
+]
+
 # The fixture with every kind of malformed entry the catalogue compiler would never
 # produce but the policy must still deny.
-_malformed_catalogue := object.union(fixtures_test.catalogue, {
+_malformed_catalogue := fixtures_test.reindex(object.union(fixtures_test.catalogue, {
 	"tools": {
 		"broken": "not a contract",
 		"listish": ["roles", "environments"],
@@ -115,7 +156,7 @@ _malformed_catalogue := object.union(fixtures_test.catalogue, {
 	}}},
 	"budget_classes": {"broken": {"admits": ["free"]}, "loose": {"admits": {"free": "yes", "low": 1}}},
 	"roles": {"auditor": null},
-})
+}))
 
 # A well-formed contract for a sales tool on the crm connection, with a change.
 _contract(patch) := object.union(

@@ -217,8 +217,8 @@ test_deny_input_not_an_object if {
 	}
 }
 
-# A tool the catalogue does not have, or has in a malformed shape, fails every check
-# that needs its contract.
+# A tool the catalogue does not have, or has in a malformed shape, is in no entry of
+# the index, so it fails every check that reads the index.
 test_deny_tool_absent_or_malformed if {
 	tools := object.union(fixtures_test.catalogue.tools, {"broken": "not a contract"})
 	task_types := {"customer_quote": {"tools": {"broken": true, "ghost": true}}}
@@ -226,16 +226,17 @@ test_deny_tool_absent_or_malformed if {
 	every name in ["broken", "ghost"] {
 		reasons := visibility.reasons(name) with input as fixtures_test.compose_input
 			with data.capgate.catalogue as catalogue
-		fixtures_test.codes(reasons) == _contract_codes
+		fixtures_test.codes(reasons) == _contract_codes | {"not_needed_by_task"}
 		not visibility.is_visible(name) with input as fixtures_test.compose_input
 			with data.capgate.catalogue as catalogue
 	}
 }
 
-# The checks that read a tool's contract, as opposed to the task type's list.
+# The checks that read what the compiler indexes from a tool's contract.
 _contract_codes := {"role_not_granted", "connection_missing", "environment_restricted", "budget_class_exceeded"}
 
-# A contract with a field missing fails the check that reads the field.
+# A contract compiled with a field missing is in no index entry for that field, so it
+# fails the check that reads the entry.
 test_deny_contract_field_missing if {
 	cases := {
 		"roles": {"role_not_granted"},
@@ -244,20 +245,25 @@ test_deny_contract_field_missing if {
 		"cost_class": {"budget_class_exceeded"},
 	}
 	every field, codes in cases {
-		catalogue := json.remove(fixtures_test.catalogue, [sprintf("tools/quote.prepare_send/%s", [field])])
+		removed := json.remove(fixtures_test.catalogue, [sprintf("tools/quote.prepare_send/%s", [field])])
+		catalogue := fixtures_test.reindex(removed)
 		reasons := visibility.reasons("quote.prepare_send") with input as fixtures_test.compose_input
 			with data.capgate.catalogue as catalogue
 		fixtures_test.codes(reasons) == codes
 	}
 }
 
-# A catalogue section missing fails every check that looks into it.
+# A catalogue section missing fails every check that looks into it. The checks read
+# the index, not the contracts or task types: per tool they pass for a name the
+# index holds even without its contract, and execute, which asks them, denies such a
+# tool as unknown_tool first. Compose lists catalogue tools only.
 test_deny_catalogue_section_missing if {
 	cases := {
 		"roles": {"role_not_granted"},
-		"task_types": {"not_needed_by_task"},
 		"budget_classes": {"budget_class_exceeded"},
-		"tools": _contract_codes,
+		"index": (_contract_codes | {"not_needed_by_task"}),
+		"task_types": set(),
+		"tools": set(),
 	}
 	every section, codes in cases {
 		catalogue := json.remove(fixtures_test.catalogue, [section])
@@ -273,7 +279,7 @@ test_deny_grant_not_true if {
 		"roles": {"sales": "yes"},
 		"environments": {"production": 1},
 	})
-	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+	catalogue := fixtures_test.reindex(object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}}))
 	reasons := visibility.reasons("quote.prepare_send") with input as fixtures_test.compose_input
 		with data.capgate.catalogue as catalogue
 	fixtures_test.codes(reasons) == {"role_not_granted", "environment_restricted"}
@@ -288,12 +294,15 @@ test_deny_messages_name_the_facts if {
 	reasons := visibility.reasons("quote.prepare_send") with input as facts
 		with data.capgate.catalogue as fixtures_test.catalogue
 	messages := {reason.code: reason.message | some reason in reasons}
-	messages.role_not_granted == `role "support" is not granted tool "quote.prepare_send"`
+	messages.role_not_granted == `tool "quote.prepare_send" is not granted to role "support"`
 	messages.tool_not_enabled_for_tenant == concat("", [
-		`the tenant has disabled connection "sales_mailbox", `,
-		`which tool "quote.prepare_send" needs`,
+		`tool "quote.prepare_send" needs connection "sales_mailbox", `,
+		`which the tenant has disabled`,
 	])
-	messages.budget_class_exceeded == `budget class "frugal" does not admit cost class "low" of tool "quote.prepare_send"`
+	messages.budget_class_exceeded == concat("", [
+		`tool "quote.prepare_send" has cost class "low", `,
+		`which budget class "frugal" does not admit`,
+	])
 }
 
 test_deny_quarantine_message_names_the_tool if {
@@ -309,11 +318,38 @@ test_deny_quarantine_message_names_the_tool if {
 	}}
 }
 
-test_deny_message_tells_needs_from_task_type if {
+test_deny_message_names_task_type_and_needs if {
 	narrowed := object.union(fixtures_test.compose_input, {"task": {"needs": ["contact.read"]}})
 	reasons := visibility.reasons("quote.prepare_send") with input as narrowed
 		with data.capgate.catalogue as fixtures_test.catalogue
-	reasons == {{"code": "not_needed_by_task", "message": `task.needs does not name tool "quote.prepare_send"`}}
+	reasons == {{
+		"code": "not_needed_by_task",
+		"message": `tool "quote.prepare_send" is not offered by task type "customer_quote" with task.needs ["contact.read"]`,
+	}}
+}
+
+test_deny_messages_name_connection_status_and_environment if {
+	facts := object.union(fixtures_test.compose_input, {
+		"connections": {"crm": "revoked", "sales_mailbox": "paused"},
+		"environment": "development",
+	})
+	got := {name: {reason.code: reason.message | some reason in visibility.reasons(name)} |
+		some name in ["contact.read", "quote.prepare_send", "payment.execute"]
+	} with input as facts
+		with data.capgate.catalogue as fixtures_test.catalogue
+	got["contact.read"].connection_revoked == concat("", [
+		`tool "contact.read" needs connection "crm", `,
+		`whose status is "revoked", not active`,
+	])
+	got["quote.prepare_send"].connection_revoked == concat("", [
+		`tool "quote.prepare_send" needs connection "sales_mailbox", `,
+		`whose status is "paused", not active`,
+	])
+	got["payment.execute"].connection_missing == concat("", [
+		`tool "payment.execute" needs connection "bank", `,
+		`which the tenant does not have`,
+	])
+	got["contact.read"].environment_restricted == `tool "contact.read" is not available in environment "development"`
 }
 
 # is_visible and an empty reasons set always agree, whatever the facts.
