@@ -1,0 +1,425 @@
+"""``capgate diff`` on real git revisions of a scratch repository, against a real OPA.
+
+Each test makes a repository in a temporary folder holding this checkout's
+``policies/`` and the sales demo catalogue (with ``payment.execute`` offered in
+production only, so the environment check has something to hide), commits it, makes
+one known change, and holds the diff to the exact flips that change must cause.
+
+The sales matrix: 5 roles x 2 task types x 3 environments x 2 budget classes x 7
+connection states (all active; crm, sales_mailbox and bank each revoked, each
+missing) = 420 scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from capgate.cli import main
+from capgate.commands.common import EXIT_ERROR, EXIT_OK
+from capgate.commands.diff import EXIT_WIDENED
+from capgate.demo import demo_catalogue_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+WIDEN, NARROW, REASONS = "hidden -> visible", "visible -> hidden", "reasons changed"
+CALL_WIDEN, CALL_NARROW = "call denied -> allowed", "call allowed -> denied"
+NO_CALL_FLIPS = {CALL_WIDEN: 0, CALL_NARROW: 0}
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "capgate test",
+    "GIT_AUTHOR_EMAIL": "test@example.test",
+    "GIT_COMMITTER_NAME": "capgate test",
+    "GIT_COMMITTER_EMAIL": "test@example.test",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **_GIT_ENV, "HOME": str(repo.parent)},
+    )
+    return done.stdout
+
+
+def commit(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def edit_tools(repo: Path, tool: str, **changes: Any) -> None:
+    path = repo / "catalogue" / "tools.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    entry = next(t for t in document["tools"] if t["name"] == tool)
+    entry.update(changes)
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+
+
+def rewrite_policies(repo: Path, old: str, new: str, *, count: int | None = None) -> None:
+    """Replace ``old`` in every policy (the bundle's files: tests left out), and check
+    it was there."""
+    found = 0
+    for path in sorted((repo / "policies").rglob("*.rego")):
+        if path.name.endswith("_test.rego"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        found += text.count(old)
+        path.write_text(text.replace(old, new), encoding="utf-8")
+    assert found, f"{old!r} is in no policy"
+    assert count is None or found == count, f"{old!r} found {found} times"
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "policies", repo / "policies")
+    shutil.copytree(demo_catalogue_dir("sales"), repo / "catalogue")
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    edit_tools(repo, "payment.execute", environments=["production"])
+    commit(repo, "base: the sales catalogue, payment.execute in production only")
+    return repo
+
+
+def diff(capsys: pytest.CaptureFixture[str], repo: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["diff", *args, "--repo", str(repo), "--catalogue", "catalogue"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def diff_json(capsys: pytest.CaptureFixture[str], repo: Path, *args: str) -> dict[str, Any]:
+    code, out, err = diff(capsys, repo, *args, "--json")
+    assert code == EXIT_OK, err
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+def kinds(report: dict[str, Any]) -> Counter[str]:
+    return Counter(flip["kind"] for flip in report["flips"])
+
+
+def test_no_change_flips_nothing_over_the_whole_matrix(scratch, capsys):
+    code, out, err = diff(capsys, scratch, "HEAD")
+    assert code == EXIT_OK
+    assert "420 scenarios, all evaluated" in out
+    assert "no decision flips" in out
+    assert "head: 420/420 scenarios evaluated" in err  # progress on stderr only
+    assert "calls evaluated" in err
+    assert "capgate diff: head:" not in out
+
+
+def test_a_grant_added_widens_exactly_where_the_other_checks_pass(scratch, capsys):
+    edit_tools(scratch, "contact.verify_email", roles=["sales", "support"])
+    commit(scratch, "support may verify emails")
+
+    report = diff_json(capsys, scratch, "HEAD~1", "HEAD")
+
+    assert report["matrix"] == report["matrix"] | {"size": 420, "evaluated": 420, "sampled": False}
+    assert {(f["tool"], f["role"]) for f in report["flips"]} == {
+        ("contact.verify_email", "support")
+    }
+    widened = [f for f in report["flips"] if f["kind"] == WIDEN]
+    # customer_quote lists the tool (invoice_payment does not), every environment and
+    # budget class admits it, and crm must be active: all active, or another alias
+    # revoked or missing (5 states). 1 x 3 x 2 x 5 = 30.
+    assert len(widened) == 30
+    assert {f["task_type"] for f in widened} == {"customer_quote"}
+    assert all(not f["connections"].startswith("crm ") for f in widened)
+    assert all(f["base_reasons"] == ["role_not_granted"] for f in widened)
+    # Every other support scenario (84 - 30) keeps the tool hidden, one reason fewer.
+    changed = [f for f in report["flips"] if f["kind"] == REASONS]
+    assert len(changed) == 54
+    for flip in changed:
+        assert set(flip["base_reasons"]) - set(flip["head_reasons"]) == {"role_not_granted"}
+        assert set(flip["head_reasons"]) < set(flip["base_reasons"])
+    assert report["counts"] == {WIDEN: 30, NARROW: 0, REASONS: 54, **NO_CALL_FLIPS}
+    assert report["widened"] is True
+
+    fast = diff_json(capsys, scratch, "HEAD~1", "HEAD", "--no-reasons")
+    assert fast["counts"] == {WIDEN: 30, NARROW: 0, REASONS: 0, **NO_CALL_FLIPS}
+    assert all(f["base_reasons"] == f["head_reasons"] == [] for f in fast["flips"])
+
+    code, out, _ = diff(capsys, scratch, "HEAD~1", "HEAD", "--fail-on-widen")
+    assert code == EXIT_WIDENED
+    assert "84 decisions flip in 1 tool(s): hidden -> visible 30, reasons changed 54" in out
+    assert "WIDENED: 30 decision(s) hidden or denied at base" in out
+    assert "contact.verify_email: 84 flip(s)" in out
+    assert "  role support: 84 (hidden -> visible 30, reasons changed 54)" in out
+    assert "... and 74 more (--show N)" in out
+
+
+def test_a_check_loosened_in_the_working_tree_widens_every_revoked_alias(scratch, capsys):
+    # Uncommitted: the diff is HEAD against the working tree. A revoked connection
+    # now counts as active.
+    rewrite_policies(scratch, 'status == "active"', 'status in {"active", "revoked"}', count=1)
+
+    report = diff_json(capsys, scratch, "HEAD")
+
+    assert report["head"]["revision"] == "working tree"
+    counts = kinds(report)
+    # Visible under "all active" (role, task, environment, budget) for each tool:
+    # contact.read 2x2x3x2=24, contact.verify_email, consent.check, quote.propose,
+    # quote.prepare_send 1x1x3x2=6 each, payment.execute 1x2x1x1=2 (finance,
+    # production, unlimited), invoice.check_approval 1x1x3x2=6: 56 scenarios, each of
+    # which flips when the tool's own alias is revoked.
+    assert counts == Counter({WIDEN: 56, REASONS: 420 - 56})
+    aliases = {
+        "contact.read": "crm",
+        "contact.verify_email": "crm",
+        "consent.check": "crm",
+        "quote.propose": "crm",
+        "quote.prepare_send": "sales_mailbox",
+        "payment.execute": "bank",
+        "invoice.check_approval": "bank",
+    }
+    for flip in report["flips"]:
+        assert flip["connections"] == f"{aliases[flip['tool']]} revoked"
+        if flip["kind"] == WIDEN:
+            assert flip["base_reasons"] == ["connection_revoked"]
+            assert flip["head_reasons"] == []
+        else:
+            assert set(flip["base_reasons"]) - set(flip["head_reasons"]) == {"connection_revoked"}
+    known = {
+        "tool": "contact.read",
+        "role": "sales",
+        "task_type": "customer_quote",
+        "environment": "production",
+        "budget_class": "standard",
+        "connections": "crm revoked",
+        "kind": WIDEN,
+        "call": None,
+        "base_reasons": ["connection_revoked"],
+        "head_reasons": [],
+    }
+    assert known in report["flips"]
+
+    code, out, _ = diff(capsys, scratch, "HEAD", "--fail-on-widen", "--markdown")
+    assert code == EXIT_WIDENED
+    assert out.startswith("### capgate diff\n")
+    assert "**420 decisions flip in 7 tool(s): hidden -> visible 56, reasons changed 364**" in out
+    assert "| `contact.read` | `sales` | 12 | 0 | 0 | 0 | 0 |" in out
+    assert "| `contact.read` | `finance` | 0 | 0 | 12 | 0 | 0 |" in out
+    assert "> **Widens:** 56 decision(s)" in out
+
+
+def test_a_reason_renamed_changes_reasons_and_widens_nothing(scratch, capsys):
+    rewrite_policies(scratch, '"environment_restricted"', '"environment_not_offered"')
+    commit(scratch, "rename a reason code")
+
+    report = diff_json(capsys, scratch, "HEAD~1", "HEAD")
+
+    # payment.execute, hidden in development and staging: 5 x 2 x 2 x 2 x 7.
+    assert kinds(report) == Counter({REASONS: 280})
+    for flip in report["flips"]:
+        assert flip["tool"] == "payment.execute"
+        assert flip["environment"] in {"development", "staging"}
+        before, after = set(flip["base_reasons"]), set(flip["head_reasons"])
+        assert before ^ after == {"environment_restricted", "environment_not_offered"}
+    code, out, _ = diff(capsys, scratch, "HEAD~1", "HEAD", "--fail-on-widen")
+    assert code == EXIT_OK
+    assert "WIDENED" not in out
+
+
+def test_a_tool_removed_is_hidden_with_a_reason_of_its_own(scratch, capsys):
+    path = scratch / "catalogue" / "tools.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["tools"] = [t for t in document["tools"] if t["name"] != "quote.prepare_send"]
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    tasks = scratch / "catalogue" / "task_types.yaml"
+    tasks.write_text(tasks.read_text(encoding="utf-8").replace("      - quote.prepare_send\n", ""))
+
+    report = diff_json(capsys, scratch, "HEAD")
+
+    assert {f["tool"] for f in report["flips"]} == {"quote.prepare_send"}
+    assert all(f["head_reasons"] == ["(not in catalogue)"] for f in report["flips"])
+    # visible at base for sales, customer_quote, sales_mailbox active: 3 x 2 x 5 = 30
+    assert kinds(report) == Counter({NARROW: 30, REASONS: 420 - 30})
+
+
+def test_a_large_matrix_is_sampled_with_the_stated_seed(scratch, capsys):
+    edit_tools(scratch, "contact.verify_email", roles=["sales", "support"])
+    commit(scratch, "support may verify emails")
+
+    first = diff_json(capsys, scratch, "HEAD~1", "HEAD", "--limit", "60", "--seed", "7")
+    again = diff_json(capsys, scratch, "HEAD~1", "HEAD", "--limit", "60", "--seed", "7")
+    other = diff_json(capsys, scratch, "HEAD~1", "HEAD", "--limit", "60", "--seed", "8")
+
+    assert first["matrix"] | {"roles": None} == first["matrix"] | {
+        "size": 420,
+        "evaluated": 60,
+        "sampled": True,
+        "seed": 7,
+        "roles": None,
+    }
+    assert first["flips"] == again["flips"]
+    assert first["flips"] != other["flips"]
+    assert 0 < len(first["flips"]) < 84
+    code, out, _ = diff(capsys, scratch, "HEAD~1", "HEAD", "--limit", "60", "--seed", "7")
+    assert code == EXIT_OK
+    assert "420 scenarios; sampled 60 of them with seed 7 (--limit, --seed)" in out
+
+
+def test_a_bad_revision_or_path_is_an_error_not_an_empty_diff(scratch, capsys):
+    code, _, err = diff(capsys, scratch, "no-such-branch")
+    assert code == EXIT_ERROR
+    assert "capgate: error [input_invalid]: no commit 'no-such-branch' in" in err
+    code = main(["diff", "--repo", str(scratch), "--catalogue", "catalogue", "--", "-x"])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR
+    assert "is not a git revision" in err
+    code = main(["diff", "HEAD", "--repo", str(scratch), "--catalogue", "../elsewhere"])
+    assert code == EXIT_ERROR
+    assert "give a path inside the repository" in capsys.readouterr().err
+
+
+def test_the_full_matrix_of_a_1000_tool_catalogue_diffs_in_under_a_minute(tmp_path, capsys):
+    repo = tmp_path / "big"
+    shutil.copytree(REPO / "policies", repo / "policies")
+    catalogue = repo / "catalogue"
+    shutil.copytree(demo_catalogue_dir("sales"), catalogue)
+    template = yaml.safe_load((catalogue / "tools.yaml").read_text(encoding="utf-8"))["tools"][0]
+    tools = []
+    for n in range(1000):
+        tools.append(
+            template
+            | {
+                "name": f"tool.n{n}",
+                "roles": [["sales", "support", "finance"][n % 3]],
+                "connection_alias": ["crm", "sales_mailbox", "bank"][n % 3],
+                "cost_class": ["free", "low", "high"][n % 3],
+                "environments": ["production"] if n % 5 == 0 else ["staging", "production"],
+            }
+        )
+    (catalogue / "tools.yaml").write_text(yaml.safe_dump({"tools": tools}), encoding="utf-8")
+    listed = [t["name"] for t in tools]
+    (catalogue / "task_types.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task_types": {
+                    "customer_quote": {"description": "every tool", "tools": listed},
+                    "invoice_payment": {"description": "every other tool", "tools": listed[::2]},
+                }
+            }
+        ),
+        encoding="utf-8",
+    )
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    commit(repo, "1000 tools")
+    edit_tools(repo, "tool.n0", roles=["sales", "finance"])
+
+    started = time.monotonic()
+    report = diff_json(capsys, repo, "HEAD", "--no-reasons")
+    elapsed = time.monotonic() - started
+
+    # 5 roles x 2 task types x 2 environments x 2 budget classes x 7 = 280 scenarios.
+    assert report["matrix"]["sampled"] is False
+    assert report["matrix"]["evaluated"] == 280
+    assert {(f["tool"], f["role"]) for f in report["flips"]} == {("tool.n0", "finance")}
+    # finance, either task (both list tool.n0), production only, either budget
+    # (free), crm active: 2 x 1 x 2 x 5 = 20.
+    assert kinds(report) == Counter({WIDEN: 20})
+    assert report["calls"]["evaluated"] == 4000 < report["calls"]["total"]  # sampled
+    assert elapsed < 60, f"the 1,000-tool diff took {elapsed:.1f} s"
+
+    # With reasons (the explain entrypoint, every check of every tool), on a sample.
+    report = diff_json(capsys, repo, "HEAD", "--limit", "20", "--seed", "1")
+    assert report["matrix"]["evaluated"] == 20
+    assert {(f["tool"], f["role"]) for f in report["flips"]} <= {
+        ("tool.n0", "finance"),
+        ("tool.n0", "sales"),
+    }
+
+
+def test_a_call_time_check_loosened_widens_calls_not_visibility(scratch, capsys):
+    # A used approval now passes: every reviewed tool's "approval used" call flips.
+    rewrite_policies(
+        scratch,
+        "_is_approval_unused if input.approval.used == false",
+        "_is_approval_unused := true",
+    )
+
+    report = diff_json(capsys, scratch, "HEAD")
+
+    assert report["calls"]["evaluated"] == report["calls"]["total"] > 0
+    flips = report["flips"]
+    assert flips
+    assert {f["kind"] for f in flips} == {CALL_WIDEN}
+    assert {f["call"] for f in flips} == {"approval used"}
+    assert all(f["base_reasons"] == ["approval_used"] and f["head_reasons"] == [] for f in flips)
+    # The reviewed tools of the sales catalogue, wherever both sides show them.
+    assert {f["tool"] for f in flips} == {"quote.propose", "quote.prepare_send", "payment.execute"}
+    assert {f["connections"] for f in flips} == {"all active"}
+
+    code, out, _ = diff(capsys, scratch, "HEAD", "--fail-on-widen")
+    assert code == EXIT_WIDENED
+    assert "call denied -> allowed" in out
+    assert ", call approval used: approval_used => allowed" in out
+
+    code, out, _ = diff(capsys, scratch, "HEAD", "--fail-on-widen", "--no-calls")
+    assert code == EXIT_OK
+    assert "no decision flips" in out
+
+
+def test_a_requirement_dropped_from_a_contract_widens_its_calls(scratch, capsys):
+    edit_tools(scratch, "payment.execute", requires=[])
+    commit(scratch, "payments need no approved invoice")
+
+    report = diff_json(capsys, scratch, "HEAD~1", "HEAD")
+
+    # finance, either task type, production (its one environment), unlimited: 2 scenarios
+    assert [(f["tool"], f["kind"], f["call"]) for f in report["flips"]] == [
+        ("payment.execute", CALL_WIDEN, "evidence missing")
+    ] * 2
+    assert report["flips"][0]["base_reasons"] == ["evidence_missing"]
+
+
+def make_pre_explain(repo: Path) -> None:
+    """Turn the policies into a revision from before the explain entrypoint: no
+    data.capgate.explain, and compose's decision carries ``excluded`` (every hidden
+    tool with its reasons), as it did then. The reasons are taken from today's
+    explain rules, moved to another package, so both sides hold the same codes."""
+    explain = repo / "policies" / "capgate" / "explain" / "explain.rego"
+    text = explain.read_text(encoding="utf-8")
+    assert text.count("package capgate.explain\n") == 1
+    explain.write_text(text.replace("package capgate.explain\n", "package capgate.before\n"))
+    (repo / "policies" / "capgate" / "explain" / "explain_test.rego").unlink(missing_ok=True)
+    excluded = (
+        '"excluded": {name: [{"code": c.code, "message": "hidden"} | '
+        "some c in tool.checks; c.pass == false] | "
+        "some name, tool in data.capgate.before.compose.tools; tool.visible == false},"
+    )
+    rewrite_policies(
+        repo,
+        '"visible": visibility.visible_tools,',
+        f'"visible": visibility.visible_tools,\n\t{excluded}',
+        count=1,
+    )
+
+
+def test_a_base_from_before_explain_diffs_by_its_excluded_reasons(scratch, capsys):
+    make_pre_explain(scratch)
+    commit(scratch, "policies from before capgate.explain")
+    # The head: today's policies again, and a grant added.
+    shutil.rmtree(scratch / "policies")
+    shutil.copytree(REPO / "policies", scratch / "policies")
+    edit_tools(scratch, "contact.verify_email", roles=["sales", "support"])
+
+    report = diff_json(capsys, scratch, "HEAD")
+
+    assert report["base"]["reasons_from"] == "data.capgate.compose.decision.excluded"
+    assert report["head"]["reasons_from"] == "data.capgate.explain.compose"
+    # Exactly the grant's flips (see the grant test): the two sources of reasons agree
+    # on every other decision of the matrix.
+    assert report["counts"] == {WIDEN: 30, NARROW: 0, REASONS: 54, **NO_CALL_FLIPS}
