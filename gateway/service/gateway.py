@@ -639,6 +639,14 @@ class Gateway:
         try:
             authorised = self._authorise(prepared, execute, proposal.proposer, proposal.id)
         except CapabilityViolation as denial:
+            if (
+                proposal.status is not ProposalStatus.DISPATCHED
+                and self._proposal(proposal.id).status is ProposalStatus.DISPATCHED
+            ):
+                # A concurrent dispatch claimed it between the reads above (so this
+                # one saw its approval used): join that dispatch instead. Once only:
+                # the proposal read again is DISPATCHED.
+                return self.dispatch(proposal_id)
             self._block(proposal, denial.reason_codes, denial.decision_id, denial.revision)
             raise
         return self._execute(authorised, proposal.task_id, proposal=proposal, review=review)

@@ -489,6 +489,24 @@ def test_two_concurrent_dispatches_send_once(
     assert (budget.spent, budget.reserved) == (2, 0)
 
 
+def test_a_dispatch_overtaken_between_its_reads_joins_the_one_that_won(
+    gateway: Gateway, store: Store, desk: SalesDesk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The interleaving the concurrent test hits only sometimes, made certain: this
+    # dispatch read the proposal while it was still approved, and its approval after
+    # another dispatch had used it. It must join that dispatch, not deny and block.
+    proposal = approved_email(gateway)
+    stale = proposal_of(store, proposal.id)
+    assert stale.status is ProposalStatus.APPROVED
+    first = gateway.dispatch(proposal.id)
+    reads = iter([stale])
+    fresh = gateway._proposal
+    monkeypatch.setattr(gateway, "_proposal", lambda pid: next(reads, None) or fresh(pid))
+    assert gateway.dispatch(proposal.id) == first
+    assert sent_emails(desk) == 1
+    assert proposal_of(store, proposal.id).status is ProposalStatus.DISPATCHED
+
+
 def test_an_approval_used_once_cannot_be_used_again(
     gateway: Gateway, store: Store, store_url: str, desk: SalesDesk
 ) -> None:
