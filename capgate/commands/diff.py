@@ -35,14 +35,16 @@ and one ``opa eval`` per batch of scenarios or calls evaluates them against that
 bundle (``data.capgate.compose.decision``, ``data.capgate.execute.decision``), so
 nothing of a decision is computed here.
 
-**Reasons.** The reasons of a hidden tool are the codes of its failing checks in
-``data.capgate.explain.compose`` when the revision defines that entrypoint, else the
-codes of ``decision.excluded`` (the revisions before explain), so an old base still
-diffs against a new head: both give the same codes for the same decision. A call's
-are the codes of execute's reasons. ``--no-reasons`` compares visibility without
-asking for reasons: the explain entrypoint builds every check of every tool, which
-on a catalogue of thousands of tools costs several times the decision itself, and
-widening needs none of it.
+**Reasons.** The reasons of a hidden tool are the codes of its failing checks, from
+the first of these entrypoints the revision defines (:data:`REASON_SOURCES`):
+``data.capgate.explain.compose_codes`` (the codes alone, computed over the index at
+about the cost of compose), ``data.capgate.explain.compose`` (every check of every
+tool with its facts, several times the cost of the decision on a catalogue of
+thousands of tools; the revisions before ``compose_codes``), else the codes of
+``decision.excluded`` (the revisions before explain). All three give the same codes
+for the same decision, so an old base still diffs against a new head. A call's
+reasons are the codes of execute's reasons. ``--no-reasons`` compares visibility
+without asking for reasons, which is all widening needs.
 
 **Flips.** A tool in a scenario flips when it goes hidden -> visible, visible ->
 hidden, or stays hidden with another set of reason codes; a call flips when it goes
@@ -87,7 +89,9 @@ __all__ = [
     "DEFAULT_CALL_LIMIT",
     "DEFAULT_LIMIT",
     "DEFAULT_SEED",
+    "EXCLUDED",
     "EXIT_WIDENED",
+    "REASON_SOURCES",
     "Flip",
     "Matrix",
     "Scenario",
@@ -119,7 +123,14 @@ _EXITS = (
 )
 
 # One query per batch: for every scenario, the visible names and, per hidden tool,
-# the reason codes. The explain form reads the failing checks' codes.
+# the reason codes. The codes form reads them as they are; the explain form reads the
+# failing checks' codes; the decision form, the codes of decision.excluded.
+_CODES_QUERY: Final = (
+    "[r | some s in input.scenarios; "
+    "d := data.capgate.compose.decision with input as s; "
+    "e := data.capgate.explain.compose_codes with input as s; "
+    'r := {"visible": d.visible, "hidden": e.hidden}]'
+)
 _DECISION_QUERY: Final = (
     "[r | some s in input.scenarios; "
     "d := data.capgate.compose.decision with input as s; "
@@ -144,7 +155,25 @@ _CALL_QUERY: Final = (
     "d := data.capgate.execute.decision with input as c; "
     'r := {"allow": d.allow, "codes": {x.code | some x in d.reasons}}]'
 )
-_PROBE_QUERY: Final = "[e | e := data.capgate.explain.compose with input as input.scenarios[0]]"
+#: The sources of reasons, newest first, each with the query that asks whether a
+#: revision defines it (a non-empty answer) and the query that reads it. A revision
+#: defining neither gives ``decision.excluded`` (:data:`EXCLUDED`).
+REASON_SOURCES: Final = (
+    (
+        "data.capgate.explain.compose_codes",
+        "[1 | e := data.capgate.explain.compose_codes with input as input.scenarios[0]; "
+        "is_object(e.hidden)]",
+        _CODES_QUERY,
+    ),
+    (
+        "data.capgate.explain.compose",
+        "[1 | e := data.capgate.explain.compose with input as input.scenarios[0]; "
+        "is_object(e.tools)]",
+        _EXPLAIN_QUERY,
+    ),
+)
+#: Where the reasons come from for a revision that defines no explain entrypoint.
+EXCLUDED: Final = "data.capgate.compose.decision.excluded"
 
 
 # -- the matrix -------------------------------------------------------------------------------
@@ -291,9 +320,10 @@ class Side:
     label: str  # the revision as given and its commit, or "working tree"
     catalogue: Catalogue
     bundle: Path
-    explain: bool = False
     #: --no-reasons: reasons are not asked for
     reasons: bool = True
+    #: the entrypoint the reasons were read from (:data:`REASON_SOURCES`, :data:`EXCLUDED`)
+    reasons_source: str = EXCLUDED
     #: per scenario: visible names, and reason codes per hidden tool
     results: list[tuple[frozenset[str], dict[str, frozenset[str]]]] = field(default_factory=list)
     #: per call asked (see :func:`calls_to_ask`): allowed, and the deny's codes
@@ -303,9 +333,7 @@ class Side:
     def reasons_from(self) -> str:
         if not self.reasons:
             return "nowhere (--no-reasons)"
-        if self.explain:
-            return "data.capgate.explain.compose"
-        return "data.capgate.compose.decision.excluded"
+        return self.reasons_source
 
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -400,12 +428,9 @@ def _opa_eval(
 
 def _evaluate(side: Side, opa: Path, matrix: Matrix, scenarios: list[Scenario]) -> None:
     inputs = [matrix.compose_input(scenario) for scenario in scenarios]
+    query = _VISIBLE_QUERY
     if side.reasons:
-        probe = _opa_eval(opa, side.bundle, _PROBE_QUERY, inputs[:1], side.label)
-        side.explain = bool(probe)
-        query = _EXPLAIN_QUERY if side.explain else _DECISION_QUERY
-    else:
-        query = _VISIBLE_QUERY
+        side.reasons_source, query = _reasons_query(side, opa, inputs[:1])
     for start in range(0, len(inputs), _BATCH):
         batch = inputs[start : start + _BATCH]
         values = _opa_eval(opa, side.bundle, query, batch, side.label)
@@ -414,14 +439,39 @@ def _evaluate(side: Side, opa: Path, matrix: Matrix, scenarios: list[Scenario]) 
                 f"{side.name} ({side.label}): the compose decision was undefined for some "
                 "scenarios; does this revision define data.capgate.compose.decision?"
             )
-        for value in values:
+        for scenario, value in zip(scenarios[start : start + _BATCH], values, strict=True):
+            visible = frozenset(value["visible"])
             hidden = {name: frozenset(codes) for name, codes in value["hidden"].items()}
-            side.results.append((frozenset(value["visible"]), hidden))
+            if query == _CODES_QUERY:
+                _check_hidden(side, scenario, visible, hidden)
+            side.results.append((visible, hidden))
         done = min(start + _BATCH, len(inputs))
         print(
             f"capgate diff: {side.name}: {done}/{len(inputs)} scenarios evaluated",
             file=sys.stderr,
             flush=True,
+        )
+
+
+def _reasons_query(side: Side, opa: Path, probe: list[dict[str, Any]]) -> tuple[str, str]:
+    """The first source of reasons the revision defines, and the query that reads it."""
+    for source, defined, query in REASON_SOURCES:
+        if _opa_eval(opa, side.bundle, defined, probe, side.label):
+            return source, query
+    return EXCLUDED, _DECISION_QUERY
+
+
+def _check_hidden(
+    side: Side, scenario: Scenario, visible: frozenset[str], hidden: dict[str, frozenset[str]]
+) -> None:
+    """Refuse codes that disagree with the decision. ``compose_codes`` names the hidden
+    tools itself (the other sources are read for the tools the decision hides), so a
+    revision whose two answers differ is an error, not a diff."""
+    if set(hidden) != set(side.catalogue.tools) - visible or not all(hidden.values()):
+        raise PolicyUnavailable(
+            f"{side.name} ({side.label}): {REASON_SOURCES[0][0]} does not hide exactly the "
+            "tools compose's decision hides, each with a reason code, in the scenario "
+            f"role {safe(scenario.role)}, {safe(scenario.label())}"
         )
 
 

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 WIDEN, NARROW, REASONS = "hidden -> visible", "visible -> hidden", "reasons changed"
 CALL_WIDEN, CALL_NARROW = "call denied -> allowed", "call allowed -> denied"
 NO_CALL_FLIPS = {CALL_WIDEN: 0, CALL_NARROW: 0}
+CODES, EXPLAIN = "data.capgate.explain.compose_codes", "data.capgate.explain.compose"
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "capgate test",
     "GIT_AUTHOR_EMAIL": "test@example.test",
@@ -320,26 +321,29 @@ def test_the_full_matrix_of_a_1000_tool_catalogue_diffs_in_under_a_minute(tmp_pa
     edit_tools(repo, "tool.n0", roles=["sales", "finance"])
 
     started = time.monotonic()
-    report = diff_json(capsys, repo, "HEAD", "--no-reasons")
+    report = diff_json(capsys, repo, "HEAD")
     elapsed = time.monotonic() - started
 
-    # 5 roles x 2 task types x 2 environments x 2 budget classes x 7 = 280 scenarios.
+    # 5 roles x 2 task types x 2 environments x 2 budget classes x 7 = 280 scenarios,
+    # with the reasons of every hidden tool, from the codes-only entrypoint.
     assert report["matrix"]["sampled"] is False
     assert report["matrix"]["evaluated"] == 280
+    assert report["base"]["reasons_from"] == report["head"]["reasons_from"] == CODES
     assert {(f["tool"], f["role"]) for f in report["flips"]} == {("tool.n0", "finance")}
     # finance, either task (both list tool.n0), production only, either budget
-    # (free), crm active: 2 x 1 x 2 x 5 = 20.
-    assert kinds(report) == Counter({WIDEN: 20})
+    # (free), crm active: 2 x 1 x 2 x 5 = 20. In the other 56 - 20 finance scenarios
+    # the tool stays hidden, without role_not_granted.
+    assert kinds(report) == Counter({WIDEN: 20, REASONS: 36})
+    for flip in report["flips"]:
+        assert set(flip["base_reasons"]) - set(flip["head_reasons"]) == {"role_not_granted"}
     assert report["calls"]["evaluated"] == 4000 < report["calls"]["total"]  # sampled
     assert elapsed < 60, f"the 1,000-tool diff took {elapsed:.1f} s"
 
-    # With reasons (the explain entrypoint, every check of every tool), on a sample.
-    report = diff_json(capsys, repo, "HEAD", "--limit", "20", "--seed", "1")
-    assert report["matrix"]["evaluated"] == 20
-    assert {(f["tool"], f["role"]) for f in report["flips"]} <= {
-        ("tool.n0", "finance"),
-        ("tool.n0", "sales"),
-    }
+    # Without reasons, on a sample: the same widenings, no reasons asked.
+    fast = diff_json(capsys, repo, "HEAD", "--no-reasons", "--limit", "40", "--seed", "1")
+    assert fast["matrix"]["evaluated"] == 40
+    assert set(kinds(fast)) <= {WIDEN}
+    assert {(f["tool"], f["role"]) for f in fast["flips"]} <= {("tool.n0", "finance")}
 
 
 def test_a_call_time_check_loosened_widens_calls_not_visibility(scratch, capsys):
@@ -419,7 +423,50 @@ def test_a_base_from_before_explain_diffs_by_its_excluded_reasons(scratch, capsy
     report = diff_json(capsys, scratch, "HEAD")
 
     assert report["base"]["reasons_from"] == "data.capgate.compose.decision.excluded"
-    assert report["head"]["reasons_from"] == "data.capgate.explain.compose"
+    assert report["head"]["reasons_from"] == "data.capgate.explain.compose_codes"
     # Exactly the grant's flips (see the grant test): the two sources of reasons agree
     # on every other decision of the matrix.
     assert report["counts"] == {WIDEN: 30, NARROW: 0, REASONS: 54, **NO_CALL_FLIPS}
+
+
+_CODES_RULE, _NO_CODES_RULE = "compose_codes := {", "_compose_codes_not_yet := {"
+
+
+def grant_added(repo: Path) -> None:
+    edit_tools(repo, "contact.verify_email", roles=["sales", "support"])
+
+
+def check_loosened(repo: Path) -> None:
+    rewrite_policies(repo, 'status == "active"', 'status in {"active", "revoked"}', count=1)
+
+
+def reason_renamed(repo: Path) -> None:
+    rewrite_policies(repo, '"environment_restricted"', '"environment_not_offered"')
+
+
+@pytest.mark.parametrize("change", [grant_added, check_loosened, reason_renamed])
+def test_the_codes_entrypoint_gives_the_flips_explain_gives(scratch, capsys, change):
+    # Four revisions: today's policies (reasons from compose_codes) and the same
+    # without compose_codes (reasons from explain.compose, as before it), each
+    # without and with the change.
+    rewrite_policies(scratch, _CODES_RULE, _NO_CODES_RULE, count=1)
+    commit(scratch, "explain only")
+    change(scratch)
+    commit(scratch, "explain only, changed")
+    rewrite_policies(scratch, _NO_CODES_RULE, _CODES_RULE, count=1)
+    commit(scratch, "codes, changed")
+
+    # Unchanged decisions, reasons from explain at base and compose_codes at head:
+    # the two give the same codes in every scenario of the matrix.
+    same = diff_json(capsys, scratch, "HEAD~3", "HEAD~2", "--no-calls")
+    assert (same["base"]["reasons_from"], same["head"]["reasons_from"]) == (CODES, EXPLAIN)
+    assert same["flips"] == []
+
+    by_codes = diff_json(capsys, scratch, "HEAD~3", "HEAD", "--no-calls")
+    by_explain = diff_json(capsys, scratch, "HEAD~2", "HEAD~1", "--no-calls")
+
+    assert (by_codes["base"]["reasons_from"], by_codes["head"]["reasons_from"]) == (CODES, CODES)
+    assert by_explain["head"]["reasons_from"] == EXPLAIN
+    assert by_codes["flips"]
+    assert by_codes["flips"] == by_explain["flips"]
+    assert by_codes["counts"] == by_explain["counts"]

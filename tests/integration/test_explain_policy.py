@@ -2,8 +2,9 @@
 
 On generated catalogues and facts (a fixed seed, so a failure reproduces), for every
 compose input: the tools explain calls visible are exactly compose's visible set,
-and the reasons ``compose(reasons=True)`` gives a tool are the compose-check reasons
-execute gives a call of it, messages included (Python's templates and Rego's
+``explain.compose_codes`` gives every other tool with exactly its failing checks'
+codes, and the reasons ``compose(reasons=True)`` gives a tool are the compose-check
+reasons execute gives a call of it, messages included (Python's templates and Rego's
 wording agree). For every execute input: explain's ``allow`` is execute's, and
 every reason code execute gives is the code of a failing check.
 """
@@ -167,6 +168,16 @@ def test_explain_compose_verdicts_are_composes(world: tuple[random.Random, Catal
         explanation = sidecar.client.explain_compose(facts)
         assert sorted(explanation.tools) == names
         assert sorted(decision.visible) == explanation.visible
+        # The codes-only entrypoint: compose's hidden tools, explain's failing codes.
+        codes, _ = sidecar.client.query(
+            "capgate/explain/compose_codes", facts.model_dump(mode="json")
+        )
+        assert codes["catalogue_digest"] == explanation.catalogue_digest
+        assert codes["hidden"] == {
+            name: sorted(c.code for c in tool.checks if c.code is not None)
+            for name, tool in explanation.tools.items()
+            if not tool.visible
+        }
         for tool in explanation.tools.values():
             assert [c.check for c in tool.checks] == [
                 "role",

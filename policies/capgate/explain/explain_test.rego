@@ -119,23 +119,74 @@ _compose_rows := {
 	},
 }
 
+# Compose inputs beside the rows': whole inputs, malformed facts, every tool visible.
+_compose_inputs := [
+	fixtures_test.compose_input,
+	{},
+	"not an object",
+	object.union(fixtures_test.compose_input, {"principal": {"role": "finance"}, "budget_class": "unlimited"}),
+	object.union(fixtures_test.compose_input, {"connections": {"crm": "disabled"}, "task": {"needs": []}}),
+	object.union(fixtures_test.compose_input, {"quarantined": "everything"}),
+]
+
 # The verdict of explain is compose's, and is every check passing, on every facts.
 test_allow_compose_verdict_is_the_decisions if {
-	inputs := [
-		fixtures_test.compose_input,
-		{},
-		"not an object",
-		object.union(fixtures_test.compose_input, {"principal": {"role": "finance"}, "budget_class": "unlimited"}),
-		object.union(fixtures_test.compose_input, {"connections": {"crm": "disabled"}, "task": {"needs": []}}),
-		object.union(fixtures_test.compose_input, {"quarantined": "everything"}),
-	]
-	every facts in inputs {
+	every facts in _compose_inputs {
 		visible := compose.decision.visible with input as facts with data.capgate.catalogue as fixtures_test.catalogue
 		explained := explain.compose.tools with input as facts with data.capgate.catalogue as fixtures_test.catalogue
 		object.keys(explained) == fixtures_test.tool_names
 		{name | some name, tool in explained; tool.visible} == visible
 		{name | some name, tool in explained; count(_failing(tool.checks)) == 0} == visible
 	}
+}
+
+# compose_codes names exactly the tools compose hides, each with the codes of the
+# checks it fails in explain.compose, sorted: on every row and input, and on
+# catalogue data with no index or no tools.
+test_allow_compose_codes_are_explains_failing_codes if {
+	inputs := array.concat(
+		[object.union(fixtures_test.compose_input, row.patch) | some row in _compose_rows],
+		_compose_inputs,
+	)
+	catalogues := [
+		fixtures_test.catalogue,
+		object.remove(fixtures_test.catalogue, ["index"]),
+		object.union(fixtures_test.catalogue, {"tools": "not an object"}),
+	]
+	wrong := {[i, j] |
+		some i, facts in inputs
+		some j, catalogue in catalogues
+		not _codes_agree with input as facts with data.capgate.catalogue as catalogue
+	}
+	wrong == set()
+}
+
+_codes_agree if {
+	codes := explain.compose_codes
+	explained := explain.compose
+	codes.catalogue_digest == explained.catalogue_digest
+	codes.hidden == {name: sort([check.code | some check in tool.checks; check.pass == false]) |
+		some name, tool in explained.tools
+		not tool.visible
+	}
+	object.keys(codes.hidden) == object.keys(explained.tools) - compose.decision.visible
+}
+
+# The codes of the rows' hidden tools, sorted.
+test_deny_compose_codes_rows if {
+	got := {note: codes.hidden |
+		some note, row in _compose_rows
+		codes := explain.compose_codes with input as object.union(fixtures_test.compose_input, row.patch)
+			with data.capgate.catalogue as fixtures_test.catalogue
+	}
+	want := {note: {name: sort([code | some code in failing]) | some name, failing in row.hidden} |
+		some note, row in _compose_rows
+	}
+	got == want
+	got.baseline == {"payment.execute": [
+		"budget_class_exceeded", "connection_missing",
+		"not_needed_by_task", "role_not_granted",
+	]}
 }
 
 test_allow_execute_explains_an_allowed_dispatch if {

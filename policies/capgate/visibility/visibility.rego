@@ -148,9 +148,9 @@ _candidates := {name | # regal ignore:prefer-set-or-object-rule
 #   intersects. For people and audits (capgate.explain), not for agents: it builds
 #   six objects per tool.
 tool_checks := {name: explained | # regal ignore:prefer-set-or-object-rule
-	passing := _passing
+	passing := passing_names
 	visible := visible_tools
-	some name in _names
+	some name in tool_names
 	explained := {
 		"visible": name in visible,
 		"checks": [_set_check(check, name, passing) | some check in _check_names],
@@ -159,8 +159,18 @@ tool_checks := {name: explained | # regal ignore:prefer-set-or-object-rule
 
 _check_names := ["role", "task", "connection", "environment", "budget", "quarantine"]
 
-# The names that pass each check, read whole from the index.
-_passing := {
+# METADATA
+# title: Reason code
+# description: The reason code the failing check gives the tool.
+reason_code(check, name) := _code(check, name)
+
+# METADATA
+# title: Passing names
+# description: |
+#   For each compose check ("role", "task", ...), the names of the tools that pass
+#   it, read whole from the index: the sets compose intersects (and
+#   capgate.explain's codes-only answer reads).
+passing_names := {
 	"role": _role_granted_names,
 	"task": _task_lists_names,
 	"connection": _connection_active_names,
@@ -220,7 +230,10 @@ default _tools := {}
 
 _tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
 
-_names := object.keys(_tools)
+# METADATA
+# title: Tool names
+# description: The names of the catalogue's tools (none without a catalogue).
+tool_names := object.keys(_tools)
 
 default _index := {}
 
@@ -405,7 +418,7 @@ _not_quarantined(name) if {
 
 default _not_quarantined_names := set()
 
-_not_quarantined_names := _names - _quarantined_names if not _is_quarantine_malformed
+_not_quarantined_names := tool_names - _quarantined_names if not _is_quarantine_malformed
 
 # Messages, for execute's reasons only: each names the facts its check read, as JSON.
 
