@@ -1172,22 +1172,24 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
 ) -> None:
     # A tool five times slower than the lease: the gateway running it renews the
     # lease, so another gateway's reconcile leaves it alone and a duplicate waits
-    # for its outcome instead of taking it over (and sending a second time).
+    # for its outcome instead of taking it over (and sending a second time). The
+    # lease is 0.6 s (renewed every 0.2 s): a 0.2 s lease was lost on a loaded CI
+    # machine, where a renewal thread can wait that long for the interpreter.
     slow = make_gateway(
         lifecycle_catalogue,
         lifecycle_sidecar.client,
         store,
         provider.tools(),
-        lease=timedelta(seconds=0.2),
+        lease=timedelta(seconds=0.6),
     )
     other = make_gateway(
         lifecycle_catalogue,
         lifecycle_sidecar.client,
         store,
         provider.tools(),
-        lease=timedelta(seconds=0.2),
+        lease=timedelta(seconds=0.6),
     )
-    provider.delay = 1.0
+    provider.delay = 3.0
     params = {"parcel_id": "p-8", "address": "8 Slow Lane"}
     answers: list[Outcome | ProposalRecord | Exception] = []
 
@@ -1202,7 +1204,7 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
     runner = threading.Thread(target=ship, args=(slow,))
     runner.start()
     wait_until(lambda: kinds(store, operation_id="op-long") != [], what="the intent")
-    time.sleep(0.5)  # more than twice the lease
+    time.sleep(1.5)  # more than twice the lease
     assert other.reconcile() == []
     duplicate = threading.Thread(target=ship, args=(other,))
     duplicate.start()
