@@ -50,10 +50,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import yaml
-from pydantic import ValidationError
 
 from capgate.commands import deploy, diff, explain, ledger, mcp, policy_test, proposals, state
 from capgate.commands.common import (
@@ -63,12 +59,13 @@ from capgate.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     exit_codes,
+    read_input,
 )
 from capgate.demo import demo_catalogue_dir
 from capgate.serve import command as serve
 from gateway.catalogue import compile_catalogue, load_catalogue
 from gateway.dispatch.verify import verify_compose, verify_execute
-from gateway.errors import CapgateError, InvalidInput
+from gateway.errors import CapgateError
 from gateway.model.decisions import ComposeDecision, ExecuteDecision
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.opa.bundle import write_bundle
@@ -100,32 +97,6 @@ def _exit_codes(kind: str) -> str:
     return exit_codes(_EXITS.get(kind, _EXITS["common"]))
 
 
-def _read_input(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except RecursionError:
-        # Both parsers recurse once per level; the models never nest this deep.
-        raise InvalidInput(f"{path}: nested too deeply to be an input document") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidInput(
-            f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
-        ) from None
-
-
-def _validated(model: type[ComposeInput], data: Any, path: Path) -> ComposeInput:
-    # The file may hold the bare input or OPA's {"input": ...} envelope.
-    if isinstance(data, dict) and set(data) == {"input"}:
-        data = data["input"]
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput.from_validation(exc, str(path)) from None
-
-
 def _print_compose(decision: ComposeDecision) -> int:
     print(f"decision_id: {decision.decision_id or '-'}")
     print("visible: " + (", ".join(sorted(decision.visible)) or "(none)"))
@@ -149,7 +120,7 @@ def _print_execute(decision: ExecuteDecision) -> int:
 def _eval(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     model = ComposeInput if args.question == "compose" else ExecuteInput
-    facts = _validated(model, _read_input(args.input), args.input)
+    facts = read_input(model, args.input)
     with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
         if isinstance(facts, ExecuteInput):
             executed = sidecar.client.execute(facts)

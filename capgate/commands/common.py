@@ -30,9 +30,10 @@ import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gateway.errors import InvalidInput, quote
 from gateway.model.facts import Identifier
@@ -65,6 +66,7 @@ __all__ = [
     "opened_store",
     "operator",
     "print_json",
+    "read_input",
     "redact_url",
     "safe",
     "shown",
@@ -358,3 +360,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         cells = [str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)]
         cells[-1] = str(line[-1])
         print("  ".join(cells).rstrip())
+
+
+_Input = TypeVar("_Input", bound=BaseModel)
+
+
+def read_input(model: type[_Input], path: Path) -> _Input:
+    """An input document for ``eval`` and ``explain``: JSON by its suffix, else YAML,
+    the bare input or OPA's ``{"input": ...}`` envelope, validated as ``model``.
+
+    Every problem is an InvalidInput naming the file (and the field), never a
+    traceback: an unreadable file, a parse error, nesting too deep for the parsers.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        # Both parsers recurse once per level; the models never nest this deep.
+        raise InvalidInput(f"{path}: nested too deeply to be an input document") from None
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InvalidInput(
+            f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
+        ) from None
+    if isinstance(data, dict) and set(data) == {"input"}:
+        data = data["input"]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, str(path)) from None

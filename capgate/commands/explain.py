@@ -26,10 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from capgate.commands.common import (
     EXIT_DENIED,
@@ -39,6 +38,7 @@ from capgate.commands.common import (
     add_group,
     exit_codes,
     print_json,
+    read_input,
     safe,
     table,
 )
@@ -59,34 +59,6 @@ _EXECUTE_EXITS: Final = (
     (EXIT_DENIED, "explained: the call is denied"),
     (EXIT_ERROR, "error: bad input or catalogue, OPA unavailable, or an explanation refused"),
 )
-
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-def _read_input(path: Path) -> Any:
-    """JSON by its suffix, else YAML; as ``capgate eval`` reads an input."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except RecursionError:
-        raise InvalidInput(f"{path}: nested too deeply to be an input document") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidInput(
-            f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
-        ) from None
-
-
-def _validated(model: type[_Model], path: Path) -> _Model:
-    data = _read_input(path)
-    if isinstance(data, dict) and set(data) == {"input"}:
-        data = data["input"]
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput.from_validation(exc, str(path)) from None
 
 
 def _facts_text(facts: dict[str, Any]) -> str:
@@ -116,7 +88,7 @@ def _dump(explanation: BaseModel) -> Any:
 
 def _compose(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
-    facts = _validated(ComposeInput, args.input)
+    facts = read_input(ComposeInput, args.input)
     if args.tool is not None and args.tool not in catalogue.tools:
         raise InvalidInput(f"--tool: the catalogue has no tool {quote(args.tool)}")
     with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
@@ -155,7 +127,7 @@ def _compose(args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
-    facts = _validated(ExecuteInput, args.input)
+    facts = read_input(ExecuteInput, args.input)
     with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
         explanation: ExecuteExplanation = sidecar.client.explain_execute(facts)
         decision = sidecar.client.execute(facts)
