@@ -8,6 +8,8 @@ tested against a real OPA in tests/integration.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import pytest
@@ -245,6 +247,36 @@ def test_tool_signals_become_outcomes(catalogue, facts, behaviour, status, recov
     assert outcome.status is status
     assert outcome.recovery == recovery
     assert outcome.error == str(behaviour)
+
+
+# A tool's suggested wait is untrusted output like its result: only a usable number
+# survives. The life-cycle fuzz property found that a NaN came back as an
+# InvalidInput from the gateway's record of the outcome, after the tool had run.
+@pytest.mark.parametrize(
+    ("offered", "kept"),
+    [
+        (3, 3.0),
+        (0, 0.0),
+        (2.5, 2.5),
+        (math.nan, None),
+        (math.inf, None),
+        (-math.inf, None),
+        (-1, None),
+        (True, None),
+        ("5", None),
+        (1e12, 86_400.0),
+    ],
+)
+def test_only_a_finite_non_negative_wait_is_kept(catalogue, facts, offered, kept):
+    def busy(**_: Any) -> dict[str, Any]:
+        raise ToolRetryable("busy", retry_after_seconds=offered)
+
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), _registry_with(busy))
+    outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
+    assert outcome.status is OutcomeStatus.RETRYABLE
+    assert outcome.retry_after_seconds == kept
+    # Whatever the tool said, the outcome is plain JSON a store can record.
+    json.dumps(outcome.model_dump(mode="json"), allow_nan=False)
 
 
 def test_crash_of_idempotent_tool_is_retryable(catalogue, facts):
