@@ -10,12 +10,10 @@ does not.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway import PolicySidecar
@@ -23,11 +21,11 @@ from gateway.errors import PolicyUnavailable
 from gateway.model.contracts import Catalogue
 from gateway.model.facts import ComposeInput
 from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import BUNDLE_NAME, SignedBundle, opa_run_args
+from gateway.opa.deploy import SignedBundle, opa_run_args
 from tests.conftest import CONTAINER_MARK
 from tests.integration.containers_support import OpaContainer, opa_container
 from tests.integration.deploy_support import bundle_server, new_deployment, publish, wait_until
-from tests.integration.test_deploy_lockdown import COMPOSE_INPUT, DECISION_PATHS, READS, WRITES
+from tests.integration.test_deploy_lockdown import COMPOSE_INPUT, assert_locked_down
 
 pytestmark = [pytest.mark.integration, getattr(pytest.mark, CONTAINER_MARK)]
 
@@ -57,49 +55,8 @@ def rig(tmp_path: Path, sales_catalogue: Catalogue) -> Iterator[Rig]:
             yield Rig(token, bundle, opa)
 
 
-def _decisions(address: str, token: str) -> dict[str, bytes]:
-    """Each decision's result and provenance, as canonical bytes (the id differs per call)."""
-    seen = {}
-    with httpx.Client(base_url=address, trust_env=False, timeout=5.0) as http:
-        for path, facts in DECISION_PATHS.items():
-            answer = http.post(
-                path,
-                params={"provenance": "true"},
-                json={"input": facts},
-                headers={"Authorization": f"Bearer {token}"},
-            )
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["decision_id"]
-            body = answer.json()
-            seen[path] = json.dumps(
-                {"result": body["result"], "bundles": body["provenance"]["bundles"]},
-                sort_keys=True,
-            ).encode()
-    return seen
-
-
 def test_a_container_refuses_writes_and_reads_to_anyone_and_decisions_stay(rig: Rig) -> None:
-    before = _decisions(rig.opa.address, rig.token)
-    identities = {"anonymous": {}, "gateway": {"Authorization": f"Bearer {rig.token}"}}
-    with httpx.Client(base_url=rig.opa.address, trust_env=False, timeout=5.0) as http:
-        for who, headers in identities.items():
-            for method, path, body, kind in WRITES:
-                sent = {**headers, **({"Content-Type": kind} if kind else {})}
-                answer = http.request(method, path, content=body, headers=sent)
-                assert answer.status_code == 401, f"{who} {method} {path}: {answer.status_code}"
-                assert answer.json()["code"] == "unauthorized"
-            for method, path in READS:
-                answer = http.request(method, path, headers=headers)
-                assert answer.status_code == 401, f"{who} {method} {path}: {answer.status_code}"
-        for path, facts in DECISION_PATHS.items():
-            assert http.post(path, json={"input": facts}).status_code == 401
-        health = http.get("/health", params={"bundles": "true"})
-        assert (health.status_code, health.json()) == (200, {})
-    after = _decisions(rig.opa.address, rig.token)
-    assert after == before
-    assert json.loads(after["/v1/data/capgate/execute/decision"])["bundles"] == {
-        BUNDLE_NAME: {"revision": rig.bundle.revision}
-    }
+    assert_locked_down(rig.opa.address, rig.token, rig.bundle.revision)
     # OPA says why, in its own log; the token is not in it.
     logs = rig.opa.logs()
     assert "request rejected by administrative policy" in logs or '"resp_status":401' in logs
