@@ -1,4 +1,4 @@
-"""Counts behind a green integration run, printed at its end for CI's log.
+"""The life-cycle suites' shared OPA, and counts behind a green integration run.
 
 The MCP suites run real processes on both sides (capgate's server under the official
 client, real upstream servers from npm and PyPI under capgate's client); a line with
@@ -7,9 +7,34 @@ their count makes a run that quietly collected none of them visible.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gateway.catalogue import load_catalogue
+from gateway.model.contracts import Catalogue
+from gateway.opa.sidecar import PolicySidecar
+from tests.integration.lifecycle_support import write_lifecycle_catalogue
+
+
+@pytest.fixture(scope="module")
+def lifecycle_catalogue_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The life-cycle catalogue (lifecycle_support), written once per module."""
+    return write_lifecycle_catalogue(tmp_path_factory.mktemp("catalogue"))
+
+
+@pytest.fixture(scope="module")
+def lifecycle_catalogue(lifecycle_catalogue_dir: Path) -> Catalogue:
+    return load_catalogue(lifecycle_catalogue_dir)
+
+
+@pytest.fixture(scope="module")
+def lifecycle_sidecar(lifecycle_catalogue: Catalogue) -> Iterator[PolicySidecar]:
+    """An embedded OPA serving it; 10 s: the race and crash suites load the machine."""
+    with PolicySidecar(lifecycle_catalogue, timeout=10.0) as running:
+        yield running
+
 
 #: Modules whose tests run real MCP processes (capgate serve, upstream servers).
 _MCP_MODULES = "test_mcp_"

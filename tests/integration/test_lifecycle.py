@@ -130,17 +130,6 @@ def gateway(
     return make_gateway(sales_catalogue, sales_sidecar.client, store, desk.tools())
 
 
-@pytest.fixture(scope="module")
-def lifecycle_catalogue(tmp_path_factory: pytest.TempPathFactory) -> Catalogue:
-    return load_catalogue(write_lifecycle_catalogue(tmp_path_factory.mktemp("catalogue")))
-
-
-@pytest.fixture(scope="module")
-def lifecycle_sidecar(lifecycle_catalogue: Catalogue) -> Iterator[PolicySidecar]:
-    with PolicySidecar(lifecycle_catalogue, timeout=5.0) as sidecar:
-        yield sidecar
-
-
 @pytest.fixture
 def provider(tmp_path: Path) -> FileProvider:
     return FileProvider(tmp_path / "provider.jsonl")

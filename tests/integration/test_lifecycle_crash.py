@@ -38,7 +38,6 @@ from typing import Any
 import pytest
 
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.catalogue import load_catalogue
 from gateway.model.contracts import Catalogue
 from gateway.model.outcomes import Outcome, OutcomeStatus
 from gateway.opa.sidecar import PolicySidecar
@@ -64,7 +63,6 @@ from tests.integration.lifecycle_support import (
     proposal_of,
     seed,
     wait_until,
-    write_lifecycle_catalogue,
 )
 
 pytestmark = pytest.mark.integration
@@ -100,22 +98,6 @@ CALL_PARAMS = {
     "parcel.ship": {"parcel_id": "p-7", "address": "1 Main St"},
     "meter.tick": {"label": "once"},
 }
-
-
-@pytest.fixture(scope="module")
-def catalogue_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_lifecycle_catalogue(tmp_path_factory.mktemp("catalogue"))
-
-
-@pytest.fixture(scope="module")
-def catalogue(catalogue_dir: Path) -> Catalogue:
-    return load_catalogue(catalogue_dir)
-
-
-@pytest.fixture(scope="module")
-def sidecar(catalogue: Catalogue) -> Iterator[PolicySidecar]:
-    with PolicySidecar(catalogue, timeout=10.0) as running:
-        yield running
 
 
 @pytest.fixture
@@ -178,17 +160,19 @@ def test_a_crash_at_any_step_loses_no_row_and_sends_nothing_twice(
     step: str,
     store: Store,
     store_url: str,
-    catalogue: Catalogue,
-    catalogue_dir: Path,
-    sidecar: PolicySidecar,
+    lifecycle_catalogue: Catalogue,
+    lifecycle_catalogue_dir: Path,
+    lifecycle_sidecar: PolicySidecar,
     tmp_path: Path,
 ) -> None:
     route = PATHS[path]
     provider = FileProvider(tmp_path / "provider.jsonl")
-    gateway = make_gateway(catalogue, sidecar.client, store, provider.tools(), SalesDesk().tools())
+    gateway = make_gateway(
+        lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools(), SalesDesk().tools()
+    )
     spec: dict[str, Any] = {
         "url": store_url,
-        "catalogue": str(catalogue_dir),
+        "catalogue": str(lifecycle_catalogue_dir),
         "effects": str(provider.path),
         "step": step,
         "lease_seconds": LEASE_SECONDS,
@@ -202,7 +186,7 @@ def test_a_crash_at_any_step_loses_no_row_and_sends_nothing_twice(
     else:
         operation_id = f"op-crash-{path}"
         spec.update(tool=route.tool, params=CALL_PARAMS[route.tool], operation_id=operation_id)
-    cost = catalogue.tools[route.tool].cost_units
+    cost = lifecycle_catalogue.tools[route.tool].cost_units
     spent_before, _ = _spent(store)
 
     def retry() -> Outcome:
@@ -258,7 +242,7 @@ def test_a_crash_at_any_step_loses_no_row_and_sends_nothing_twice(
         assert settled is not None
         assert settled.status is OperationStatus.DONE
         assert settled.outcome is not None
-        assert settled.outcome["recovery"] == catalogue.tools[route.tool].recovery
+        assert settled.outcome["recovery"] == lifecycle_catalogue.tools[route.tool].recovery
     assert _spent(store)[1] == 0  # no reservation is left behind
     assert store.verify_ledger().ok
     assert gateway.reconcile() == []
@@ -270,7 +254,7 @@ def test_a_crash_at_any_step_loses_no_row_and_sends_nothing_twice(
     if not route.lookup and was_running:
         # It may or may not have happened, and nothing can tell: it stays unknown.
         assert outcome.status is OutcomeStatus.UNKNOWN
-        assert outcome.recovery == catalogue.tools[route.tool].recovery
+        assert outcome.recovery == lifecycle_catalogue.tools[route.tool].recovery
         assert len(effects) == (1 if step in EFFECT_DONE else 0)
     else:
         assert outcome.status is OutcomeStatus.SUCCESS

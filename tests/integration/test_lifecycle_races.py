@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from gateway.catalogue import load_catalogue
 from gateway.model.contracts import Catalogue
 from gateway.model.outcomes import Outcome
 from gateway.opa.sidecar import PolicySidecar
@@ -44,7 +43,6 @@ from tests.integration.lifecycle_support import (
     FileProvider,
     make_gateway,
     seed,
-    write_lifecycle_catalogue,
 )
 
 pytestmark = pytest.mark.integration
@@ -54,22 +52,6 @@ postgres_url = pg_fixtures.postgres_url
 store_url = store_fixtures.store_url
 
 BUDGET = 10
-
-
-@pytest.fixture(scope="module")
-def catalogue_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_lifecycle_catalogue(tmp_path_factory.mktemp("catalogue"))
-
-
-@pytest.fixture(scope="module")
-def catalogue(catalogue_dir: Path) -> Catalogue:
-    return load_catalogue(catalogue_dir)
-
-
-@pytest.fixture(scope="module")
-def sidecar(catalogue: Catalogue) -> Iterator[PolicySidecar]:
-    with PolicySidecar(catalogue, timeout=10.0) as running:
-        yield running
 
 
 @pytest.fixture
@@ -91,13 +73,16 @@ def provider(tmp_path: Path) -> FileProvider:
 
 @pytest.fixture
 def gateway(
-    catalogue: Catalogue, sidecar: PolicySidecar, store: Store, provider: FileProvider
+    lifecycle_catalogue: Catalogue,
+    lifecycle_sidecar: PolicySidecar,
+    store: Store,
+    provider: FileProvider,
 ) -> Gateway:
-    return make_gateway(catalogue, sidecar.client, store, provider.tools())
+    return make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools())
 
 
 def race_processes(
-    url: str, catalogue_dir: Path, effects: Path, race: str, processes: int, threads: int
+    url: str, lifecycle_catalogue_dir: Path, effects: Path, race: str, processes: int, threads: int
 ) -> list[Result]:
     """``race`` in ``processes`` spawned gateway processes at once; every call's result."""
     ctx = multiprocessing.get_context("spawn")
@@ -106,7 +91,16 @@ def race_processes(
     children = [
         ctx.Process(
             target=race_child,
-            args=(url, str(catalogue_dir), str(effects), race, n, threads, start, results),
+            args=(
+                url,
+                str(lifecycle_catalogue_dir),
+                str(effects),
+                race,
+                n,
+                threads,
+                start,
+                results,
+            ),
         )
         for n in range(processes)
     ]
@@ -191,9 +185,9 @@ def test_100_concurrent_calls_against_a_budget_of_10_run_exactly_10(
 
 
 def test_100_calls_from_two_gateway_processes_against_a_budget_of_10_run_exactly_10(
-    store: Store, store_url: str, catalogue_dir: Path, provider: FileProvider
+    store: Store, store_url: str, lifecycle_catalogue_dir: Path, provider: FileProvider
 ) -> None:
-    results = race_processes(store_url, catalogue_dir, provider.path, "budget", 2, 50)
+    results = race_processes(store_url, lifecycle_catalogue_dir, provider.path, "budget", 2, 50)
     assert len(results) == 100
     _assert_budget_race(results, store, provider)
 
@@ -209,9 +203,9 @@ def test_50_concurrent_duplicates_make_one_provider_call(
 
 
 def test_50_duplicates_from_two_gateway_processes_make_one_provider_call(
-    store: Store, store_url: str, catalogue_dir: Path, provider: FileProvider
+    store: Store, store_url: str, lifecycle_catalogue_dir: Path, provider: FileProvider
 ) -> None:
-    results = race_processes(store_url, catalogue_dir, provider.path, "duplicate", 2, 25)
+    results = race_processes(store_url, lifecycle_catalogue_dir, provider.path, "duplicate", 2, 25)
     assert len(results) == 50
     _assert_duplicate_race(results, store, provider)
 
@@ -220,7 +214,7 @@ def test_50_duplicates_from_two_gateway_processes_make_one_provider_call(
 
 
 def test_concurrent_reconcilers_settle_each_stale_operation_once(
-    gateway: Gateway, store: Store, catalogue: Catalogue, sidecar: PolicySidecar
+    gateway: Gateway, store: Store, lifecycle_catalogue: Catalogue, lifecycle_sidecar: PolicySidecar
 ) -> None:
     # Five operations whose runners died: running, their budget reserved, lease over.
     with store.transaction() as tx:
@@ -236,7 +230,9 @@ def test_concurrent_reconcilers_settle_each_stale_operation_once(
                 lease_until=tx.now - timedelta(seconds=1),
             )
     # Several gateways (as several processes would, at start-up) reconcile at once.
-    gateways = [make_gateway(catalogue, sidecar.client, store) for _ in range(6)]
+    gateways = [
+        make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store) for _ in range(6)
+    ]
     start = threading.Barrier(len(gateways))
 
     def reconcile(gateway: Gateway) -> list[str] | str:
