@@ -30,13 +30,15 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Final
 
 import httpx
 
-__all__ = ["DEADLINE", "DeadlineTransport"]
+__all__ = ["DEADLINE", "Answer", "AnswerTooLarge", "DeadlineTransport"]
 
 #: The absolute time (``time.monotonic()``) by which the answer being read must be
 #: complete, or None outside a request. Set per request by the policy client; a
@@ -222,6 +224,67 @@ def _framing_problem(response: http.client.HTTPResponse) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer read by :meth:`DeadlineTransport.exchange`.
+
+    ``body`` is decoded when ``content_encoding`` is gzip, else as received.
+    """
+
+    status: int
+    http_version: str
+    content_type: str | None
+    content_encoding: str | None
+    body: bytes
+
+
+class AnswerTooLarge(Exception):
+    """The answer's body, received or decoded, is over the caller's size cap."""
+
+
+def _http_version(response: http.client.HTTPResponse) -> str:
+    return {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(response.version, "HTTP/0.9")
+
+
+def _read_whole(
+    response: http.client.HTTPResponse,
+    connection: _Connection,
+    transport: DeadlineTransport,
+    max_bytes: int,
+) -> bytes:
+    """The body to its end, at most ``max_bytes``; gives the connection back after."""
+    body = _Body(response, connection, transport)
+    declared = response.getheader("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        body.close()
+        raise AnswerTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in body:
+            size += len(chunk)
+            if size > max_bytes:
+                raise AnswerTooLarge
+            chunks.append(chunk)
+    finally:
+        body.close()  # a no-op once read to the end; else the connection is dropped
+    return b"".join(chunks)
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    """``data`` inflated, refusing more than ``max_bytes`` of output (a gzip bomb)."""
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    try:
+        out = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise httpx.DecodingError(f"malformed gzip answer: {exc}") from exc
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise AnswerTooLarge
+    if not inflater.eof or inflater.unused_data:
+        raise httpx.DecodingError("malformed gzip answer: truncated or trailing bytes")
+    return out
+
+
 class DeadlineTransport(httpx.BaseTransport):
     """HTTP/1.1 to one loopback OPA (TCP ``host:port`` or a unix socket ``uds``).
 
@@ -263,12 +326,70 @@ class DeadlineTransport(httpx.BaseTransport):
         connection.close()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if self._closed:
-            raise httpx.ConnectError("the policy client's transport is closed")
         timeouts = request.extensions.get("timeout", {})
         url = request.url
-        connection = self._take(url.host, url.port, timeouts.get("connect") or 5.0)
-        target = url.raw_path.decode("ascii")
+        connection, response = self._begin(
+            request.method,
+            url.host,
+            url.port,
+            url.raw_path.decode("ascii"),
+            request.headers.raw,
+            request.read() or None,
+            timeouts,
+        )
+        return httpx.Response(
+            response.status,
+            headers=response.getheaders(),
+            stream=_Body(response, connection, self),
+            extensions={"http_version": _http_version(response).encode()},
+        )
+
+    def exchange(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Mapping[str, float | None],
+        max_bytes: int,
+    ) -> Answer:
+        """One whole exchange, without building httpx's request and response models.
+
+        The policy client's hot path: the same connection handling, deadline and
+        failures as :meth:`handle_request` (every failure an httpx exception), the
+        body read whole and gzip-decoded here, and :class:`AnswerTooLarge` once more
+        than ``max_bytes`` arrive, compressed or not. ``headers`` are sent as given,
+        in order; Host and Content-Length are the caller's to include.
+        """
+        connection, response = self._begin(
+            method, url.host, url.port, url.raw_path.decode("ascii"), headers, body, timeouts
+        )
+        encoding = response.getheader("Content-Encoding")
+        received = _read_whole(response, connection, self, max_bytes)
+        if encoding is not None and encoding.strip().lower() == "gzip":
+            received = _gunzip(received, max_bytes)
+        return Answer(
+            response.status,
+            _http_version(response),
+            response.getheader("Content-Type"),
+            encoding,
+            received,
+        )
+
+    def _begin(
+        self,
+        method: str,
+        host: str,
+        port: int | None,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Mapping[str, float | None],
+    ) -> tuple[_Connection, http.client.HTTPResponse]:
+        """Send one request and read the answer's head; the body is the caller's to read."""
+        if self._closed:
+            raise httpx.ConnectError("the policy client's transport is closed")
+        connection = self._take(host, port, timeouts.get("connect") or 5.0)
         try:
             if connection.sock is None:
                 connection.connect()
@@ -276,10 +397,10 @@ class DeadlineTransport(httpx.BaseTransport):
             assert isinstance(sock, _DeadlineSocket)
             sock.read_timeout = timeouts.get("read")
             sock.write_timeout = timeouts.get("write")
-            connection.putrequest(request.method, target, skip_host=True, skip_accept_encoding=True)
-            for name, value in request.headers.raw:
+            connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:
                 connection.putheader(name, value)
-            connection.endheaders(request.read() or None)
+            connection.endheaders(body)
             response = connection.getresponse()
         except httpx.TransportError:
             connection.close()
@@ -299,13 +420,7 @@ class DeadlineTransport(httpx.BaseTransport):
         if problem is not None:
             connection.close()
             raise httpx.RemoteProtocolError(f"malformed answer from OPA: {problem}")
-        version = {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(response.version, "HTTP/0.9")
-        return httpx.Response(
-            response.status,
-            headers=response.getheaders(),
-            stream=_Body(response, connection, self),
-            extensions={"http_version": version.encode()},
-        )
+        return connection, response
 
     def close(self) -> None:
         with self._lock:

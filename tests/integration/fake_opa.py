@@ -118,11 +118,13 @@ NOT_FOUND: Final = json_reply({"code": "resource_not_found", "message": "no rout
 
 @dataclass(frozen=True)
 class Seen:
-    """One request the fake received: method, path and query string."""
+    """One request the fake received: method, path, query string and headers."""
 
     method: str
     path: str
     query: str
+    #: The header lines as sent, in order: (name as written, value).
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -244,8 +246,10 @@ class FakeOPA:
         lines = head.decode("latin-1").split("\r\n")
         method, target, _version = lines[0].split(" ", 2)
         length = 0
+        headers = []
         for line in lines[1:]:
             name, _, value = line.partition(":")
+            headers.append((name, value.strip()))
             if name.strip().lower() == "content-length":
                 length = int(value.strip())
         while len(buffer) < length:
@@ -255,7 +259,7 @@ class FakeOPA:
             buffer += data
         buffer = buffer[length:]
         path, _, query = target.partition("?")
-        return Seen(method, path, query), buffer
+        return Seen(method, path, query, tuple(headers)), buffer
 
     def _recv(self, conn: socket.socket) -> bytes:
         """Bytes from the client; b"" when it closed or the server is stopping."""

@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from adapters.in_process import InProcessTools
@@ -49,6 +50,7 @@ from gateway.opa.client import (
     PolicyClient,
 )
 from gateway.opa.sidecar import PolicySidecar
+from gateway.opa.transport import DeadlineTransport
 from tests.integration.fake_opa import (
     CLOSE,
     RESET,
@@ -58,6 +60,7 @@ from tests.integration.fake_opa import (
     Reply,
     Transport,
     chunk,
+    fake_opa,
     framed,
     json_reply,
     response_head,
@@ -471,6 +474,51 @@ def test_a_server_that_never_accepts_fails_closed_at_startup(
             PolicySidecar(sales_catalogue, opa_url=fake.address, timeout=TIMEOUT)
         elapsed = time.monotonic() - started
     assert elapsed < DEADLINE + MARGIN
+
+
+class _ThroughHttpx(httpx.BaseTransport):
+    """capgate's transport behind httpx's request and response models: the path a
+    client takes with any transport but its own."""
+
+    def __init__(self, inner: DeadlineTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_direct_path_sends_what_httpx_sends(transport: Transport) -> None:
+    """The client's hot path skips httpx's models; OPA must see the same request.
+
+    Same method, path, query and header lines (names, values and order, the token
+    included), and the same answer read back, as the same client sends through
+    httpx's machinery.
+    """
+    document = {"result": {"ok": True}, "decision_id": "d-1"}
+    with fake_opa(transport, {"/v1/data/capgate/probe": json_reply(document)}) as fake:
+        uds = fake.address.removeprefix("unix://") if transport == "unix" else None
+        direct = PolicyClient(fake.address, token="t0ken")
+        through = PolicyClient(
+            fake.address, token="t0ken", transport=_ThroughHttpx(DeadlineTransport(uds=uds))
+        )
+        with direct, through:
+            assert direct._direct is not None
+            assert through._direct is None
+            answers = [
+                client.query("capgate/probe", {"a": [1, "b"]}) for client in (direct, through)
+            ]
+        first, second = fake.seen
+    assert answers[0] == answers[1] == ({"ok": True}, "d-1")
+    assert first == second
+    sent = {name.lower(): value for name, value in first.headers}
+    assert sent["authorization"] == "Bearer t0ken"
+    assert sent["accept-encoding"] == "gzip"
+    assert sent["content-type"] == "application/json"
+    assert first.query == "provenance=true"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
