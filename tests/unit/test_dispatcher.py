@@ -394,6 +394,25 @@ def test_lone_surrogate_in_params_is_invalid_input_before_opa(catalogue, desk, f
     assert decider.asked == []
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("environment", "not an identifier"), ("principal", {"agent": "a"}), ("connections", [])],
+)
+def test_call_refuses_facts_built_without_validation(catalogue, desk, facts, field, value):
+    """Facts that skipped validation (``model_copy(update=...)``) are named as facts.
+
+    The call's input is validated once, facts and call together; a bad fact must
+    still be reported as one of the facts, by field, and OPA never asked.
+    """
+    decider = ScriptedDecider()
+    unchecked = facts.model_copy(update={field: value})
+    with pytest.raises(InvalidInput, match=rf"^facts: field '{field}"):
+        make(catalogue, desk, decider).call(
+            facts=unchecked, tool="contact.read", params={"contact_id": "c-1"}
+        )
+    assert decider.asked == []
+
+
 def test_invalid_params_message_names_the_field_but_not_the_value(catalogue, desk, facts):
     payment = {
         "invoice_id": "inv-1",
