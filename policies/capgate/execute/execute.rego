@@ -86,7 +86,7 @@ default allow := false
 # a reason that failed to render can never turn into an allow.
 allow if {
 	_is_known_tool
-	count(_compose_failed) == 0
+	count(visibility.called_failed_checks) == 0
 	_version_matches
 	_stage_fits
 	_approval_satisfied
@@ -98,14 +98,16 @@ allow if {
 	count(reasons) == 0
 }
 
-obligations contains {"code": "pass_idempotency_key", "params": {"key": _call.operation_id}} if {
-	allow
-	_stage in _running_stages
+obligations contains {"code": "pass_idempotency_key", "params": {"key": input.call.operation_id}} if {
 	_needs_idempotency_key
+	allow
+	input.stage in _running_stages
 }
 
 # Reasons. unknown_tool stands alone: nothing else is derived for a tool the
-# catalogue does not know.
+# catalogue does not know. Each other reason first asks whether its check failed
+# (the rule allow requires, or the compose checks' failed set), the cheapest way out
+# on an allowed call; the rest of its body decides the reason as before.
 
 reasons contains {"code": "unknown_tool", "message": message} if {
 	not _is_known_tool
@@ -115,13 +117,13 @@ reasons contains {"code": "unknown_tool", "message": message} if {
 # The compose checks, exactly as compose runs them.
 reasons contains reason if {
 	_is_known_tool
-	some check in _compose_failed
+	some check in visibility.called_failed_checks
 	reason := visibility.reason(check, _name)
 }
 
 reasons contains {"code": "version_mismatch", "message": message} if {
-	_is_known_tool
 	not _version_matches
+	_is_known_tool
 	message := sprintf("the call names version %s of tool %s but the catalogue has version %s", [
 		_quote(object.get(_call, "version", null)),
 		_quote(_name),
@@ -130,12 +132,14 @@ reasons contains {"code": "version_mismatch", "message": message} if {
 }
 
 reasons contains {"code": "stage_invalid", "message": message} if {
+	not _stage_fits
 	_is_known_tool
 	not _stage in _stages
 	message := sprintf(`the call's stage %s is not one of "call", "propose" and "dispatch"`, [_quote(_stage)])
 }
 
 reasons contains {"code": "stage_invalid", "message": message} if {
+	not _stage_fits
 	_stage in _review_stages
 	_is_known_tool
 	not _needs_review
@@ -146,6 +150,7 @@ reasons contains {"code": "stage_invalid", "message": message} if {
 }
 
 reasons contains {"code": "review_required", "message": message} if {
+	not _stage_fits
 	_stage == "call"
 	_needs_review
 	message := sprintf(`tool %s needs review: propose it (stage "propose"), then dispatch it`, [_quote(_name)])
@@ -195,6 +200,7 @@ reasons contains {"code": "proposal_not_approved", "message": message} if {
 }
 
 reasons contains {"code": "budget_exhausted", "message": _budget_message} if {
+	not _budget_satisfied
 	_is_known_tool
 	_stage in _running_stages
 	not _budget_fits
@@ -203,6 +209,7 @@ reasons contains {"code": "budget_exhausted", "message": _budget_message} if {
 
 # One reason per required evidence name the call does not bring.
 reasons contains {"code": "evidence_missing", "message": message} if {
+	not _evidence_complete
 	_is_known_tool
 	some required in _missing_evidence
 	message := sprintf("tool %s requires evidence %s, which the call does not bring", [_quote(_name), _quote(required)])
@@ -210,14 +217,15 @@ reasons contains {"code": "evidence_missing", "message": message} if {
 
 # A contract whose requires is not a list is itself missing evidence.
 reasons contains {"code": "evidence_missing", "message": message} if {
+	not _evidence_complete
 	_is_known_tool
 	not _has_requires_list
 	message := sprintf("the contract of tool %s has no valid list of required evidence", [_quote(_name)])
 }
 
 reasons contains {"code": "subject_out_of_scope", "message": message} if {
-	_is_known_tool
 	not _subject_in_scope
+	_is_known_tool
 	message := sprintf("tool %s acts only on a %s linked to the task, and the call's subject %s is not one", [
 		_quote(_name),
 		_quote(object.get(_contract, "subject_type", null)),
@@ -228,15 +236,10 @@ reasons contains {"code": "subject_out_of_scope", "message": message} if {
 # The pass_idempotency_key obligation needs the operation id, and an allow without
 # a usable key must not happen.
 reasons contains {"code": "operation_id_missing", "message": message} if {
-	_is_known_tool
 	not _has_idempotency_key
+	_is_known_tool
 	message := sprintf("tool %s takes an idempotency key and the call has no operation_id", [_quote(_name)])
 }
-
-# The compose checks the called tool fails (capgate.visibility.failed_checks), asked
-# once: allow requires none, and each gives its reason. Empty exactly when
-# visibility.is_visible holds for the tool.
-_compose_failed := visibility.failed_checks(_name)
 
 # The call and its contract, normalised: a call that is not an object is {}, and a
 # catalogue entry that is not an object is no contract at all.
@@ -247,11 +250,14 @@ _call := input.call if is_object(input.call)
 
 _name := object.get(_call, "tool", null)
 
-default _tools := {}
-
-_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
-
-_contract := _tools[_name] if is_object(_tools[_name])
+# Read straight from input.call.tool, which is undefined exactly when _name is null:
+# the same contract, without asking _call and _name on every call.
+_contract := contract if {
+	tools := data.capgate.catalogue.tools
+	is_object(tools)
+	contract := tools[input.call.tool]
+	is_object(contract)
+}
 
 _is_known_tool if is_object(_contract)
 
@@ -259,9 +265,10 @@ _quote(value) := json.marshal(value)
 
 # version_mismatch
 
+# A lookup in input.call is undefined whenever one in _call is: read the call directly.
 _version_matches if {
-	is_number(_call.version)
-	_call.version == _contract.version
+	is_number(input.call.version)
+	input.call.version == _contract.version
 }
 
 # approval_required, approval_mismatch, approval_expired, approval_used and
@@ -270,13 +277,13 @@ _version_matches if {
 # denies it) and a proposal has none yet.
 
 _is_reviewed_dispatch if {
-	_stage == "dispatch"
+	input.stage == "dispatch"
 	_needs_review
 }
 
 _has_approval if is_object(input.approval)
 
-_approval_satisfied if _stage in {"call", "propose"}
+_approval_satisfied if input.stage in {"call", "propose"}
 
 _approval_satisfied if {
 	_stage == "dispatch"
@@ -359,28 +366,30 @@ _missing_evidence contains required if {
 	not required in _evidence
 }
 
+# Exactly when _missing_evidence is empty, asked without building it: each required
+# name in turn, so a contract that requires nothing needs no look at the evidence.
 _evidence_complete if {
-	_has_requires_list
-	count(_missing_evidence) == 0
+	requires := _contract.requires
+	is_array(requires)
+	every required in requires {
+		required in _evidence
+	}
 }
 
 # subject_out_of_scope: a tool with a subject_type acts only on a subject of that
 # type that is one of the task's linked resources.
 
-_is_subject_exempt if _contract.subject_type == null
+_subject_in_scope if _contract.subject_type == null
 
-_linked contains [resource.type, resource.id] if {
+# Some linked resource, with a string type and id, is the call's subject.
+_subject_in_scope if {
+	input.call.subject.type == _contract.subject_type
 	is_array(input.task.linked_resources)
 	some resource in input.task.linked_resources
 	is_string(resource.type)
 	is_string(resource.id)
-}
-
-_subject_in_scope if _is_subject_exempt
-
-_subject_in_scope if {
-	_call.subject.type == _contract.subject_type
-	[_call.subject.type, _call.subject.id] in _linked
+	resource.type == input.call.subject.type
+	resource.id == input.call.subject.id
 }
 
 # operation_id_missing
@@ -390,6 +399,6 @@ _needs_idempotency_key if _contract.idempotency == "idempotent_with_key"
 _has_idempotency_key if not _needs_idempotency_key
 
 _has_idempotency_key if {
-	is_string(_call.operation_id)
-	_call.operation_id != ""
+	is_string(input.call.operation_id)
+	input.call.operation_id != ""
 }

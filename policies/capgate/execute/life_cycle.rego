@@ -32,12 +32,12 @@ _needs_review if {
 }
 
 _stage_fits if {
-	_stage == "call"
+	input.stage == "call"
 	not _needs_review
 }
 
 _stage_fits if {
-	_stage in _review_stages
+	input.stage in _review_stages
 	_needs_review
 }
 
@@ -61,7 +61,7 @@ _proposal_format := concat("", [
 	`or a "dispatched" one continued after an unknown or retryable outcome`,
 ])
 
-_proposal_satisfied if _stage in {"call", "propose"}
+_proposal_satisfied if input.stage in {"call", "propose"}
 
 _proposal_satisfied if {
 	_stage == "dispatch"
@@ -84,32 +84,34 @@ _is_whole(value) if {
 	floor(value) == value
 }
 
-_cost := _contract.cost if {
-	_is_whole(_contract.cost)
-	_contract.cost >= 0
+_cost := cost if {
+	cost := _contract.cost
+	_is_whole(cost)
+	cost >= 0
 }
 
 _has_cost if is_number(_cost)
 
-_is_budget_reserved if _budget.cost == _cost
+# The checks read input.budget, undefined wherever _budget's fields are.
+_is_budget_reserved if input.budget.cost == _cost
 
-_has_whole_remaining if _is_whole(_budget.remaining)
+_has_whole_remaining if _is_whole(input.budget.remaining)
 
 _budget_fits if {
 	_is_budget_reserved
-	_budget.remaining == null
+	input.budget.remaining == null
 }
 
 _budget_fits if {
 	_is_budget_reserved
 	_has_whole_remaining
-	_budget.remaining >= _cost
+	input.budget.remaining >= _cost
 }
 
-_budget_satisfied if _stage == "propose"
+_budget_satisfied if input.stage == "propose"
 
 _budget_satisfied if {
-	_stage in _running_stages
+	input.stage in _running_stages
 	_budget_fits
 }
 
@@ -120,7 +122,7 @@ _budget_satisfied if {
 # malformed fact: deny by default) and one whose earlier attempt was retryable
 # (nothing happened, nothing is held) reserve the cost, so only they are checked.
 _budget_satisfied if {
-	_stage in _running_stages
+	input.stage in _running_stages
 	_is_charge_held
 }
 

@@ -16,9 +16,9 @@ package capgate.provenance
 #   matches no catalogue, and the client refuses the decision.
 default catalogue_digest := null
 
-catalogue_digest := _meta.digest if {
-	is_string(_meta.digest)
-	_meta.digest != ""
+catalogue_digest := digest if {
+	meta := data.capgate.catalogue.meta
+	digest := meta.digest
+	is_string(digest)
+	digest != ""
 }
-
-_meta := data.capgate.catalogue.meta

@@ -4,7 +4,8 @@
 #   The compose checks, each written once over the catalogue's index
 #   (data.capgate.catalogue.index, compiled with the catalogue: for each fact a check
 #   reads, the tools that pass for each value). Per tool, a check is one keyed lookup
-#   in the index (is_visible, reasons, checks: what execute asks). Over the whole
+#   in the index (is_visible, reasons, checks; execute asks the same lookups for the
+#   called tool, argument-free, in called.rego: called_failed_checks). Over the whole
 #   catalogue, a check is the set the index holds for the input's value, and compose
 #   is the intersection of those sets (visible_tools, tool_checks). Both forms read
 #   the same entries of the same index, so a tool hidden at compose time is never
@@ -59,8 +60,8 @@ reasons(name) := {reason(check, name) | some check in failed_checks(name)}
 # description: |
 #   The names of the compose checks (role, task, connection, environment, budget,
 #   quarantine) that the tool fails, each decided by its per-tool lookup: empty
-#   exactly when is_visible(name) holds. Execute asks this once per call and derives
-#   both its verdict and its reasons from it.
+#   exactly when is_visible(name) holds. Execute asks its per-call form,
+#   called_failed_checks, which visibility_equivalence_test.rego holds equal to it.
 failed_checks(name) := union({
 	_fails_role(name),
 	_fails_task(name),
@@ -260,8 +261,8 @@ _role := input.principal.role
 default _role_declared := false
 
 _role_declared if {
-	is_string(_role)
-	_ = data.capgate.catalogue.roles[_role]
+	is_string(input.principal.role)
+	_ = data.capgate.catalogue.roles[input.principal.role]
 }
 
 default _task_type := null
@@ -274,7 +275,7 @@ _task_needs := input.task.needs
 
 # task.needs narrows the task type's list when present; null means absent. A
 # present value that is not a list narrows to nothing.
-_is_narrowed if _task_needs != null
+_is_narrowed if input.task.needs != null
 
 _needs contains need if {
 	is_array(input.task.needs)
@@ -293,15 +294,11 @@ default _budget_class := null
 
 _budget_class := input.budget_class
 
-default _admits := {}
-
-_admits := data.capgate.catalogue.budget_classes[_budget_class].admits if {
-	is_object(data.capgate.catalogue.budget_classes[_budget_class].admits)
-}
-
-# The cost classes the budget class admits: those it maps to true.
+# The cost classes the budget class admits: those its admits object maps to true.
 _admitted contains cost_class if {
-	some cost_class, admitted in _admits
+	admits := data.capgate.catalogue.budget_classes[input.budget_class].admits
+	is_object(admits)
+	some cost_class, admitted in admits
 	admitted == true
 }
 
@@ -314,9 +311,14 @@ _admitted contains cost_class if {
 
 # role_not_granted
 
-_role_granted(name) if {
+_role_granted(name) if _ = _role_tools[name]
+
+# The index entry the per-tool check looks names up in, read once per query: the
+# tools granted to the input's role, undefined unless the catalogue declares it.
+_role_tools := tools if {
 	_role_declared
-	_ = _index.by_role[_role][name]
+	index := data.capgate.catalogue.index
+	tools := index.by_role[input.principal.role]
 }
 
 default _role_granted_names := set()
@@ -326,13 +328,20 @@ _role_granted_names := _members(_entry("by_role", _role)) if _role_declared
 # not_needed_by_task
 
 _task_lists(name) if {
-	_ = _index.by_task_type[_task_type][name]
-	_needs_name(name)
+	_ = _task_tools[name]
+	not _is_narrowed
 }
 
-_needs_name(_) if not _is_narrowed
+_task_lists(name) if {
+	_ = _task_tools[name]
+	name in _needs
+}
 
-_needs_name(name) if name in _needs
+# The tools the input's task type lists, read once per query.
+_task_tools := tools if {
+	index := data.capgate.catalogue.index
+	tools := index.by_task_type[input.task.type]
+}
 
 _task_listed_names := _members(_entry("by_task_type", _task_type))
 
@@ -343,15 +352,20 @@ _task_lists_names := _task_listed_names & _needs if {
 # connection_missing, tool_not_enabled_for_tenant, connection_revoked
 
 _active_aliases contains alias if {
-	some alias, status in _connections
+	is_object(input.connections)
+	some alias, status in input.connections
 	status == "active"
 }
 
-_connection_active(name) if _ = _index.no_connection[name]
+_connection_active(name) if {
+	index := data.capgate.catalogue.index
+	_ = index.no_connection[name]
+}
 
 _connection_active(name) if {
+	index := data.capgate.catalogue.index
 	some alias in _active_aliases
-	_ = _index.by_connection[alias][name]
+	_ = index.by_connection[alias][name]
 }
 
 _connection_active_names := _members(object.get(_index, "no_connection", null)) | union({names |
@@ -377,15 +391,22 @@ _has_connection(name) if _ = _connections[_alias(name)]
 
 # environment_restricted
 
-_environment_allowed(name) if _ = _index.by_environment[_environment][name]
+_environment_allowed(name) if _ = _environment_tools[name]
+
+# The tools available in the input's environment, read once per query.
+_environment_tools := tools if {
+	index := data.capgate.catalogue.index
+	tools := index.by_environment[input.environment]
+}
 
 _environment_allowed_names := _members(_entry("by_environment", _environment))
 
 # budget_class_exceeded
 
 _budget_admits(name) if {
+	index := data.capgate.catalogue.index
 	some cost_class in _admitted
-	_ = _index.by_cost_class[cost_class][name]
+	_ = index.by_cost_class[cost_class][name]
 }
 
 _budget_admits_names := union({names |

@@ -68,6 +68,27 @@ test_allow_compose_agrees_with_per_tool_checks_without_tools if {
 	}
 }
 
+# The per-call form (called_failed_checks, which execute asks once per call) fails
+# exactly the checks the per-tool form fails for the tool the call names, on every
+# catalogue above, for the catalogue's tools and for names it lacks.
+test_allow_called_failed_checks_agree_with_per_tool_checks if {
+	catalogues := array.concat(
+		[fixtures_test.catalogue, _malformed_catalogue, _sections_missing],
+		[object.union(fixtures_test.catalogue, {"index": index}) | some index in _malformed_indexes],
+	)
+	every catalogue in catalogues {
+		wrong := {[note, name] |
+			some note, facts in _facts
+			some name in (object.keys(_catalogue_tools) | {"ghost", "no.such.tool"})
+			not _call_agrees(name) with input as object.union(facts, {"call": {"tool": name}})
+		} with data.capgate.catalogue as catalogue
+		wrong == set()
+	}
+}
+
+# Under an input whose call names the tool.
+_call_agrees(name) if visibility.called_failed_checks == visibility.failed_checks(name)
+
 # Both forms answer the same under the input and catalogue the caller mocks. Both
 # must answer: an undefined answer counts as disagreement.
 _agrees if {
