@@ -157,6 +157,12 @@ def pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
 
 
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def opa_bench_ms(policies: Path, data: dict[str, Any], input: dict[str, Any], query: str) -> float:
     """OPA's own evaluation time for ``query`` (median of 3 ``opa bench`` runs), ms."""
     with tempfile.TemporaryDirectory(prefix="capgate-bench-opa-") as folder:
@@ -363,6 +369,8 @@ class CallRows:
     one_thread_per_s: float
     two_threads_per_s: float
     opa_demo_execute_ms: float
+    #: path -> (this process's CPU µs per call, OPA's CPU µs per call)
+    cpu_us: dict[str, tuple[float, float]]
 
 
 def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
@@ -450,6 +458,17 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         for _ in range(rounds):
             for name, fn in paths:
                 samples[name] += timed(fn, runs // rounds)
+        # CPU per call, this process's and OPA's, over one block of each path: steadier
+        # than wall time on a shared machine, and it shows where a call's time goes.
+        opa_pid = sidecar.process.pid
+        cpu: dict[str, tuple[float, float]] = {}
+        for name, fn in paths:
+            before, opa_before = os.times(), process_cpu_s(opa_pid)
+            for _ in range(runs // 2):
+                fn()
+            after, opa_after = os.times(), process_cpu_s(opa_pid)
+            ours = (after.user - before.user) + (after.system - before.system)
+            cpu[name] = (ours / (runs // 2) * 1e6, (opa_after - opa_before) / (runs // 2) * 1e6)
         raw.close()
         bare_httpx.close()
         pool.close()
@@ -482,7 +501,7 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         two = statistics.median(calls_per_second(2) for _ in range(3))
     data = compile_catalogue(catalogue)
     opa_ms = opa_bench_ms(policies, data, sent, "data.capgate.execute.decision")
-    return CallRows([(name, samples[name]) for name, _ in paths], one, two, opa_ms)
+    return CallRows([(name, samples[name]) for name, _ in paths], one, two, opa_ms, cpu)
 
 
 # -- the client library ------------------------------------------------------------
@@ -599,15 +618,41 @@ NOTES = """## Reading these figures
   the same input to the same OPA over the same unix socket, with the same
   `?provenance=true`. The paths run interleaved in rounds so that load on the shared
   machine falls on all of them alike.
-- **Where it falls short.** Execute's OPA evaluation is 5 to 7 times the 60 µs
-  goal on this machine, where even a query for one constant takes 20-30 µs in
-  `opa bench`: the compose checks now cost one keyed lookup each and are flat in
-  the catalogue's size (10,000 tools against 100), but OPA's per-rule cost over
-  the two dozen call-time rules (stage, approval, proposal, budget, evidence,
-  subject, key) dominates, and the figure was 200-250 µs on a quiet machine of
-  this kind before this change. Two agents in threads share the interpreter lock
-  and the two cores with OPA itself, so they do not reach 1.6 times one agent's
-  throughput; the library has no async API to measure instead.
+- **Where execute's time goes.** OPA charges about 4 µs for each rule it
+  evaluates here, and a query for one constant already costs 20-30 µs in `opa
+  bench`. An allowed call evaluates about 70 rules: the six compose checks of the
+  called tool (one argument-free set, each check its per-tool function applied to
+  the called tool), the ten call-time checks, one guard per reason rule (so that
+  `allow`, which requires the positive checks and an empty reason set, keeps both
+  formulations), the obligation and the catalogue digest. Reading facts directly
+  instead of through normalising rules, and guarding each reason rule with its
+  failed check, took the decision from 370-450 µs to 290-340 µs (1,303 to about
+  910 allocations) in `opa bench` runs made back to back, old and new policies in
+  turn; a single run of this script moves more with the machine's load (the
+  execute column above against the goal's row). 60 µs would need about ten
+  rules, which no decision that checks what this one checks can be in this
+  evaluator.
+- **CPU per call.** The table's CPU columns show where an authorised call's time
+  goes: OPA's own CPU (HTTP, input parsing, evaluation, decision logging) is most
+  of it; `PolicyClient`'s Python is about twice the raw POST's, and the whole
+  dispatcher's (parameters copied, hashed and schema-checked, the input model
+  validated, the output schema-checked) about four times. OPA also spends more
+  per call behind the dispatcher than behind back-to-back raw POSTs: a raw POST
+  after an idle gap is slower too (about 100 µs at p50 after a 250 µs gap, while
+  choosing these changes), as the Go runtime parks and wakes its threads.
+  Decisions skip httpx's request and response objects (`DeadlineTransport.exchange`: about 100 µs of
+  Python CPU less per decision) and validate the call's facts once. Two agents
+  share two cores with OPA, so the ratio of two agents to one is bounded by CPU,
+  not by the interpreter lock, and it moves with whatever else the machine runs.
+  The library has no async API; an asyncio facade over the same blocking calls
+  would share the same cores.
+- **Measured and not taken.** `GOGC=400` for the embedded OPA cut its CPU per
+  decision by about 15%, but raised its resident memory at 10,000 tools from 200 MB
+  to 467 MB. Dropping `?provenance=true` saved under 30 µs of OPA CPU and would lose
+  the bundle revision every decision records. The embedded OPA's decision log
+  (enabled so that OPA assigns decision ids, every event dropped by policy) costs
+  it about 70 µs of CPU per decision; the ids tie decisions to the ledger, so it
+  stays.
 - The machine is shared with other engineers' test runs (load average shown above):
   absolute times vary between runs by a factor of two or more; ratios within one
   run are steadier.
@@ -802,11 +847,15 @@ def main() -> int:
             "The demo catalogue's `contact.read`, a no-op in-process tool; the same",
             "execute input on every path, to the same embedded OPA over its unix socket.",
             "",
-            "| path | p50 ms | p99 ms | p50 against raw |",
-            "|---|---:|---:|---:|",
+            "CPU per call is user plus system time over a block of calls on each path:",
+            "this Python process's, and the OPA process's while it answered them.",
+            "",
+            "| path | p50 ms | p99 ms | p50 against raw | Python CPU µs | OPA CPU µs |",
+            "|---|---:|---:|---:|---:|---:|",
             *(
                 f"| {name} | {statistics.median(s):.3f} | {pct(s, 99):.3f} | "
-                f"{statistics.median(s) / statistics.median(raw):.2f}x |"
+                f"{statistics.median(s) / statistics.median(raw):.2f}x | "
+                f"{calls.cpu_us[name][0]:.0f} | {calls.cpu_us[name][1]:.0f} |"
                 for name, s in calls.rows
             ),
             "",
