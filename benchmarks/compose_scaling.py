@@ -640,8 +640,9 @@ NOTES = """## Reading these figures
   per call behind the dispatcher than behind back-to-back raw POSTs: a raw POST
   after an idle gap is slower too (about 100 µs at p50 after a 250 µs gap, while
   choosing these changes), as the Go runtime parks and wakes its threads.
-  Decisions skip httpx's request and response objects (`DeadlineTransport.exchange`: about 100 µs of
-  Python CPU less per decision) and validate the call's facts once. Two agents
+  Decisions skip httpx's request and response objects
+  (`DeadlineTransport.exchange`: about 100 µs of Python CPU less per decision)
+  and validate the call's facts once. Two agents
   share two cores with OPA, so the ratio of two agents to one is bounded by CPU,
   not by the interpreter lock, and it moves with whatever else the machine runs.
   The library has no async API; an asyncio facade over the same blocking calls
