@@ -1,13 +1,16 @@
 """The policy client's HTTP/1.1 transport: the standard library's, held to one deadline.
 
-:class:`DeadlineTransport` is an ``httpx.BaseTransport``: the client builds httpx
-requests and reads httpx responses (so tests swap in ``httpx.MockTransport``, and
-gzip, size caps and the error tree stay httpx's), but the exchange itself is
-``http.client`` over a socket of our own, not httpcore and h11. Measured on the
+:class:`DeadlineTransport` is an ``httpx.BaseTransport`` (so tests can swap in
+``httpx.MockTransport``, and failures stay in httpx's error tree), but the
+exchange itself is ``http.client`` over a socket of our own, not httpcore and
+h11. Measured on the
 authorised-call path (docs/benchmarks.md), httpcore's pool and h11's state machine
 cost about a third of a millisecond per decision, as much again as OPA's
 evaluation; ``http.client`` sends a request's head and body in one write and parses
-the answer's head in C-backed code.
+the answer's head in C-backed code. :meth:`DeadlineTransport.exchange` is the same
+exchange without httpx's request and response objects, the body read whole under a
+size cap and gzip-inflated under the same cap: the policy client's path for
+decisions.
 
 What is kept from the httpcore transport it replaces, and tested by the fault
 suites (``tests/integration/test_fake_opa.py``, ``test_opa_faults.py``):
