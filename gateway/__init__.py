@@ -4,8 +4,8 @@ An agent never holds a tool. It asks a :class:`Gateway`, which gathers the facts
 that grant from its own store, asks OPA (compose: which tools may this agent see;
 execute: may this exact call run now; review: may this person approve this
 proposal), runs a tool only on an allow, records everything in a hash-chained
-ledger, and fails closed on every error. :class:`Dispatcher` is the stateless
-enforcement core underneath it.
+ledger, and fails closed on every error. :class:`AsyncGateway` is the same for
+asyncio code. :class:`Dispatcher` is the stateless enforcement core underneath it.
 """
 
 from gateway.catalogue import compile_catalogue, load_catalogue
@@ -56,6 +56,7 @@ from gateway.model.outcomes import Outcome, OutcomeStatus, ToolRefused, ToolRetr
 from gateway.opa.client import PolicyClient
 from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from gateway.service.agent import AgentSession
+from gateway.service.aio import AsyncGateway
 from gateway.service.credentials import (
     CredentialResolver,
     EnvironmentCredentials,
@@ -73,6 +74,7 @@ __all__ = [
     "AgentRequest",
     "AgentSession",
     "Approval",
+    "AsyncGateway",
     "Authorised",
     "Call",
     "CallContext",

@@ -4,8 +4,9 @@ import gateway
 from gateway.errors import CapgateError
 
 EXPECTED = {
-    "OPA_URL_ENV", "Adapter", "AgentRequest", "AgentSession", "Approval", "Authorised", "Call",
-    "CallContext", "CapabilityViolation", "CapgateError", "Catalogue", "CatalogueError",
+    "OPA_URL_ENV", "Adapter", "AgentRequest", "AgentSession", "Approval", "AsyncGateway",
+    "Authorised", "Call", "CallContext", "CapabilityViolation", "CapgateError", "Catalogue",
+    "CatalogueError",
     "ComposeDecision", "ComposeInput", "ConnectionStatus", "CredentialResolver",
     "CredentialUnavailable", "DecisionEvent", "Dispatcher", "EnvironmentCredentials",
     "ExecuteDecision", "ExecuteInput", "Gateway", "InvalidInput", "OPAProcessError",
