@@ -9,7 +9,8 @@ reviews, so that slow tools never hold up an agent's question of what it may see
 Cancelling an await does not undo anything. An operation that has not started yet
 (its pool was full) is dropped and never runs; one that has started runs to its
 end in its thread, with its outcome recorded in the store and the ledger as
-always, and the caller finds it there by its operation id. Concurrency is that of
+always (pass ``operation_id`` to :meth:`AsyncGateway.call` to look it up by that
+id; calling again with it returns the recorded outcome). Concurrency is that of
 threads: the decisions themselves run in OPA, and the Python around them shares
 the interpreter, so two agents on one event loop go about as fast as two agents
 in two threads (docs/benchmarks.md).

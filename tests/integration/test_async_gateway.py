@@ -177,6 +177,16 @@ def test_cancelling_a_started_call_does_not_undo_it(rig: Rig) -> None:
     assert recorded.outcome["status"] == "success"
     assert rig.contacts.entered == ["c-42"]
 
+    async def again() -> Any:
+        async with AsyncGateway(rig.gateway) as agent:
+            return await read(agent, "c-42", operation_id="op-cancel-1")
+
+    # Asking again under the operation id answers with what was recorded.
+    repeated = asyncio.run(again())
+    assert repeated.status is OutcomeStatus.SUCCESS
+    assert repeated.operation_id == "op-cancel-1"
+    assert rig.contacts.entered == ["c-42"], "the tool ran a second time"
+
 
 def test_a_call_still_waiting_for_a_thread_never_runs_once_cancelled(rig: Rig) -> None:
     release = threading.Event()
