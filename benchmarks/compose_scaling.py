@@ -18,7 +18,9 @@ catalogue:
    at 10,000 against 100 tools.
 4. An authorised call (``Dispatcher.call`` of a no-op in-process tool) against a raw
    ``http.client`` keep-alive POST of the same input to the same OPA, with httpx and
-   httpcore POSTs beside it; and 2 concurrent agents (threads) against 1.
+   httpcore POSTs beside it, and the CPU each path costs this process and OPA; 2
+   concurrent agents (threads) against 1; and through the Gateway with its SQLite
+   store, 2 agents on one asyncio loop (``AsyncGateway``) against 1, and in threads.
 5. The sidecar: start to bundle active, and the first decision after it reports
    ready against the warm p50.
 6. The client library: ``PolicyClient`` against opa-python-client (requests) on the
@@ -582,15 +584,23 @@ def gateway_throughput(
                 return count * per_agent / (time.perf_counter() - started)
 
         def threads(count: int) -> float:
-            workers = [
-                threading.Thread(target=lambda: [call() for _ in range(per_agent)])
-                for _ in range(count)
-            ]
+            errors: list[BaseException] = []
+
+            def agent() -> None:
+                try:
+                    for _ in range(per_agent):
+                        call()
+                except BaseException as exc:  # SystemExit too: a thread would swallow it
+                    errors.append(exc)
+
+            workers = [threading.Thread(target=agent) for _ in range(count)]
             started = time.perf_counter()
             for worker in workers:
                 worker.start()
             for worker in workers:
                 worker.join()
+            if errors:
+                sys.exit(f"bench: a gateway agent failed: {errors[0]!r}")
             return count * per_agent / (time.perf_counter() - started)
 
         for _ in range(50):  # warm the store, the pools and OPA
