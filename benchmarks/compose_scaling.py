@@ -375,6 +375,35 @@ class _Recording:
         return self.client.execute(facts)  # type: ignore[no-any-return]
 
 
+def calls_per_second(call: Callable[[], Any], agents: int, per_agent: int = 400) -> float:
+    """Calls per second of ``agents`` threads, each making ``per_agent`` calls.
+
+    The threads start together behind a barrier; a failure in any of them stops the
+    run (``sys.exit`` inside a thread would only end that thread).
+    """
+    barrier = threading.Barrier(agents + 1)
+    errors: list[BaseException] = []
+
+    def agent() -> None:
+        barrier.wait()
+        try:
+            for _ in range(per_agent):
+                call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=agent) for _ in range(agents)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    if errors:
+        sys.exit(f"bench: a concurrent agent failed: {errors[0]!r}")
+    return agents * per_agent / (time.perf_counter() - started)
+
+
 @dataclass
 class CallRows:
     rows: list[tuple[str, list[float]]]
@@ -486,32 +515,9 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         bare_httpx.close()
         pool.close()
 
-        def calls_per_second(threads: int, per_thread: int = 400) -> float:
-            barrier = threading.Barrier(threads + 1)
-            errors: list[BaseException] = []
-
-            def agent() -> None:
-                barrier.wait()
-                try:
-                    for _ in range(per_thread):
-                        call()
-                except BaseException as exc:
-                    errors.append(exc)
-
-            workers = [threading.Thread(target=agent) for _ in range(threads)]
-            for worker in workers:
-                worker.start()
-            barrier.wait()
-            started = time.perf_counter()
-            for worker in workers:
-                worker.join()
-            if errors:
-                sys.exit(f"bench: a concurrent agent failed: {errors[0]!r}")
-            return threads * per_thread / (time.perf_counter() - started)
-
-        calls_per_second(2, 50)  # warm both connections
-        one = statistics.median(calls_per_second(1) for _ in range(3))
-        two = statistics.median(calls_per_second(2) for _ in range(3))
+        calls_per_second(call, 2, 50)  # warm both connections
+        one = statistics.median(calls_per_second(call, 1) for _ in range(3))
+        two = statistics.median(calls_per_second(call, 2) for _ in range(3))
         through_gateway = gateway_throughput(catalogue, sidecar.client, tools)
     data = compile_catalogue(catalogue)
     opa_ms = opa_bench_ms(policies, data, sent, "data.capgate.execute.decision")
@@ -583,33 +589,13 @@ def gateway_throughput(
                 await asyncio.gather(*(agent() for _ in range(count)))
                 return count * per_agent / (time.perf_counter() - started)
 
-        def threads(count: int) -> float:
-            errors: list[BaseException] = []
-
-            def agent() -> None:
-                try:
-                    for _ in range(per_agent):
-                        call()
-                except BaseException as exc:  # SystemExit too: a thread would swallow it
-                    errors.append(exc)
-
-            workers = [threading.Thread(target=agent) for _ in range(count)]
-            started = time.perf_counter()
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-            if errors:
-                sys.exit(f"bench: a gateway agent failed: {errors[0]!r}")
-            return count * per_agent / (time.perf_counter() - started)
-
         for _ in range(50):  # warm the store, the pools and OPA
             call()
         measured = GatewayThroughput(
             async_one=statistics.median(asyncio.run(agents(1)) for _ in range(3)),
             async_two=statistics.median(asyncio.run(agents(2)) for _ in range(3)),
-            threads_one=statistics.median(threads(1) for _ in range(3)),
-            threads_two=statistics.median(threads(2) for _ in range(3)),
+            threads_one=statistics.median(calls_per_second(call, 1, per_agent) for _ in range(3)),
+            threads_two=statistics.median(calls_per_second(call, 2, per_agent) for _ in range(3)),
         )
         store.close()
     return measured
