@@ -28,6 +28,7 @@ from capgate.cli import main
 from capgate.commands.common import EXIT_ERROR, EXIT_OK
 from capgate.commands.diff import EXIT_WIDENED
 from capgate.demo import demo_catalogue_dir
+from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -288,34 +289,7 @@ def test_a_bad_revision_or_path_is_an_error_not_an_empty_diff(scratch, capsys):
 def test_the_full_matrix_of_a_1000_tool_catalogue_diffs_in_under_a_minute(tmp_path, capsys):
     repo = tmp_path / "big"
     shutil.copytree(REPO / "policies", repo / "policies")
-    catalogue = repo / "catalogue"
-    shutil.copytree(demo_catalogue_dir("sales"), catalogue)
-    template = yaml.safe_load((catalogue / "tools.yaml").read_text(encoding="utf-8"))["tools"][0]
-    tools = []
-    for n in range(1000):
-        tools.append(
-            template
-            | {
-                "name": f"tool.n{n}",
-                "roles": [["sales", "support", "finance"][n % 3]],
-                "connection_alias": ["crm", "sales_mailbox", "bank"][n % 3],
-                "cost_class": ["free", "low", "high"][n % 3],
-                "environments": ["production"] if n % 5 == 0 else ["staging", "production"],
-            }
-        )
-    (catalogue / "tools.yaml").write_text(yaml.safe_dump({"tools": tools}), encoding="utf-8")
-    listed = [t["name"] for t in tools]
-    (catalogue / "task_types.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "task_types": {
-                    "customer_quote": {"description": "every tool", "tools": listed},
-                    "invoice_payment": {"description": "every other tool", "tools": listed[::2]},
-                }
-            }
-        ),
-        encoding="utf-8",
-    )
+    write_large_catalogue(repo / "catalogue", vary_environments=True)
     git(repo.parent, "init", "-q", "-b", "main", str(repo))
     commit(repo, "1000 tools")
     edit_tools(repo, "tool.n0", roles=["sales", "finance"])

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from capgate.cli import main
 from capgate.commands.common import EXIT_DENIED, EXIT_ERROR, EXIT_OK
@@ -18,6 +17,7 @@ from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
 from gateway.opa.bundle import write_bundle
 from gateway.opa.policies import POLICIES_ENV, default_policies_dir
+from tests.integration.large_catalogue import write_large_catalogue
 from tests.integration.opa_servers import external_opa
 
 pytestmark = pytest.mark.integration
@@ -203,32 +203,7 @@ def test_an_explanation_that_disagrees_with_the_decision_is_refused(capsys, tmp_
 
 def test_explain_compose_of_a_1000_tool_catalogue_agrees_with_eval(capsys, tmp_path):
     catalogue = tmp_path / "catalogue"
-    shutil.copytree(SALES, catalogue)
-    tools_file = catalogue / "tools.yaml"
-    template = yaml.safe_load(tools_file.read_text(encoding="utf-8"))["tools"][0]
-    tools = [
-        template
-        | {
-            "name": f"tool.n{n}",
-            "roles": [["sales", "support", "finance"][n % 3]],
-            "connection_alias": ["crm", "sales_mailbox", "bank"][n % 3],
-            "cost_class": ["free", "low", "high"][n % 3],
-        }
-        for n in range(1000)
-    ]
-    tools_file.write_text(yaml.safe_dump({"tools": tools}), encoding="utf-8")
-    listed = [tool["name"] for tool in tools]
-    (catalogue / "task_types.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "task_types": {
-                    "customer_quote": {"description": "every tool", "tools": listed},
-                    "invoice_payment": {"description": "half", "tools": listed[::2]},
-                }
-            }
-        ),
-        encoding="utf-8",
-    )
+    write_large_catalogue(catalogue)
     facts = {
         "principal": {"agent": "sales-bot", "role": "sales", "tenant": "acme"},
         "task": {"type": "customer_quote", "id": "t-1"},
