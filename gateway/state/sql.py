@@ -339,6 +339,10 @@ class SqlTx:
         self._thread = threading.get_ident()
         self._open = True
         self._failed: StoreError | None = None
+        # Operations this transaction holds (read for update, inserted or updated by
+        # it): no other transaction can change their rows before it ends, so an
+        # update starts from the record held here instead of reading the row again.
+        self._held: dict[tuple[str, str], OperationRecord] = {}
 
     # -- statements (every one goes through here) --------------------------------------
 
@@ -518,6 +522,8 @@ class SqlTx:
         """
         amount = _amount(cost, "cost")
         row = self._tenant_row(tenant, lock=True)
+        if amount == 0:
+            return  # nothing was reserved, so nothing is spent or released
         if row["reserved"] < amount:
             raise BudgetNotReserved(tenant, None, row["reserved"], amount)
         params = {
@@ -705,7 +711,10 @@ class SqlTx:
                 "reserved": int(record.reserved),
             },
         )
-        return record if inserted == 1 else None
+        if inserted != 1:
+            return None
+        self._held[(tenant, operation_id)] = record
+        return record
 
     def get_operation(
         self, tenant: str, operation_id: str, *, for_update: bool = False
@@ -717,7 +726,12 @@ class SqlTx:
             f"operation_id = :operation_id{self._locked(for_update)}",
             {"tenant": tenant, "operation_id": operation_id},
         )
-        return None if row is None else _operation(row)
+        if row is None:
+            return None
+        record = _operation(row)
+        if for_update:
+            self._held[(tenant, operation_id)] = record
+        return record
 
     def update_operation(
         self,
@@ -733,7 +747,9 @@ class SqlTx:
         """Record the operation's new state; ``UnknownOperation`` if it does not exist.
 
         ``reserved`` None keeps the reservation flag as it is."""
-        current = self.get_operation(tenant, operation_id, for_update=True)
+        current = self._held.get((tenant, operation_id)) or self.get_operation(
+            tenant, operation_id, for_update=True
+        )
         if current is None:
             raise UnknownOperation(tenant, operation_id)
         record = _validated(
@@ -764,6 +780,7 @@ class SqlTx:
                 "reserved": int(record.reserved),
             },
         )
+        self._held[(tenant, operation_id)] = record
         return record
 
     def stale_operations(self) -> list[OperationRecord]:

@@ -8,6 +8,12 @@
   other process on the same file, and a transaction that read something can never
   fail to upgrade to a writer later. Waiting for the lock is bounded by
   ``busy_timeout``; past it, :class:`~gateway.state.errors.StoreBusy`.
+- **Writers of this process queue** on one in-process lock before ``BEGIN
+  IMMEDIATE``. SQLite's own busy handler polls, sleeping 1, 2, 5 ... 100 ms
+  between tries, so two threads of one gateway contending for the writer lock
+  would lose milliseconds a call; the lock hands over as soon as the holder ends.
+  Its wait counts against the same ``busy_timeout``, and other processes still
+  meet SQLite's lock.
 - **Foreign keys on** (SQLite's default is off) on every connection.
 - **One connection per thread**: a :mod:`sqlite3` connection must not be used by
   two threads at once. Connections of threads that have ended are closed the
@@ -25,6 +31,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,6 +71,7 @@ class _SqliteSession:
         self.connection = connection
         self._backend = backend
         self._read_only = False
+        self._writing = False
         self._closed = False
 
     @property
@@ -107,7 +115,27 @@ class _SqliteSession:
                 self._end_read_only()
                 raise
         else:
+            waited = self._backend.take_writer_gate()
+            self._writing = True
+            try:
+                self._begin_immediate(waited)
+            except BaseException:
+                self._end_writing()
+                raise
+
+    def _begin_immediate(self, waited: float) -> None:
+        """BEGIN IMMEDIATE, with SQLite's busy wait shortened by the gate's wait."""
+        if waited <= 0:
             self.execute("BEGIN IMMEDIATE")
+            return
+        left = max(self._backend.busy_timeout - waited, 0.0)
+        self.connection.execute(f"PRAGMA busy_timeout = {int(left * 1000)}")
+        try:
+            self.execute("BEGIN IMMEDIATE")
+        finally:
+            self.connection.execute(
+                f"PRAGMA busy_timeout = {int(self._backend.busy_timeout * 1000)}"
+            )
 
     def finish(self, *, commit: bool) -> None:
         try:
@@ -121,6 +149,12 @@ class _SqliteSession:
                 self._rollback()
         finally:
             self._end_read_only()
+            self._end_writing()
+
+    def _end_writing(self) -> None:
+        if self._writing:
+            self._writing = False
+            self._backend.give_writer_gate()
 
     def _rollback(self) -> None:
         try:
@@ -153,6 +187,7 @@ class _SqliteSession:
             self._closed = True
             with contextlib.suppress(sqlite3.Error):
                 self.connection.close()
+        self._end_writing()
 
 
 class SqliteBackend:
@@ -167,6 +202,7 @@ class SqliteBackend:
         self.busy_timeout = busy_timeout
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._writer_gate = threading.Lock()
         self._sessions: list[tuple[weakref.ref[threading.Thread], _SqliteSession]] = []
         self._closed = False
         _prepare_file(self.path)
@@ -186,6 +222,25 @@ class SqliteBackend:
             self._sessions.append((weakref.ref(threading.current_thread()), session))
         self._local.session = session
         return session, True
+
+    def take_writer_gate(self) -> float:
+        """Wait for this process's other writers; return the seconds waited.
+
+        Raises StoreBusy past ``busy_timeout``, as SQLite's own wait would.
+        """
+        if self._writer_gate.acquire(blocking=False):
+            return 0.0
+        started = time.monotonic()
+        if not self._writer_gate.acquire(timeout=self.busy_timeout):
+            raise StoreBusy(
+                f"SQLite store {self.location} was locked by another writer of this "
+                f"process (waited {self.busy_timeout:g} s); nothing of this transaction "
+                "was kept"
+            )
+        return time.monotonic() - started
+
+    def give_writer_gate(self) -> None:
+        self._writer_gate.release()
 
     def release(self, session: Session, *, healthy: bool) -> None:
         if not healthy and isinstance(session, _SqliteSession):

@@ -14,6 +14,7 @@ import itertools
 import os
 import stat
 import threading
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -554,6 +555,18 @@ def test_reservations_never_exceed_the_limit_and_settle_exactly(store: Store):
         assert not tx.reserve_budget("acme", None, 1)
 
 
+def test_settling_nothing_changes_nothing_but_still_needs_the_tenant(store: Store):
+    _tenant(store, limit=10)
+    with store.transaction() as tx:
+        assert tx.reserve_budget("acme", "task-1", 3)
+        tx.settle_budget("acme", "task-1", 0, spent=True)
+        tx.settle_budget("acme", "never-reserved", 0, spent=False)
+        assert tx.budget("acme") == BudgetState(tenant="acme", limit=10, reserved=3, spent=0)
+        assert tx.budget("acme", "task-1").reserved == 3
+        with pytest.raises(UnknownTenant):
+            tx.settle_budget("nobody", None, 0, spent=True)
+
+
 def test_a_tenant_without_a_limit_reserves_anything(store: Store):
     _tenant(store, limit=None)
     with store.transaction() as tx:
@@ -770,6 +783,59 @@ def test_operations_are_inserted_once_read_and_updated(store: Store, clock: Fake
                 lease_until=None,
             )
         assert caught.value.code == "unknown_operation"
+
+
+def test_each_update_of_an_operation_starts_from_the_last_one(store: Store, clock: FakeClock):
+    # An update keeps whatever it is not given from the operation as this transaction
+    # last left it: read for update, inserted, or updated by an earlier statement.
+    _tenant(store)
+    with store.transaction() as tx:
+        inserted = _operation(tx)
+        assert inserted is not None
+        assert inserted.reserved
+        released = tx.update_operation(
+            "acme",
+            "op-1",
+            status=OperationStatus.RUNNING,
+            outcome=None,
+            attempts=1,
+            lease_until=inserted.lease_until,
+            reserved=False,
+        )
+        kept = tx.update_operation(
+            "acme",
+            "op-1",
+            status=OperationStatus.DONE,
+            outcome={"status": "success"},
+            attempts=1,
+            lease_until=None,
+        )
+        assert not released.reserved
+        assert not kept.reserved
+        assert tx.get_operation("acme", "op-1") == kept
+    clock.advance(seconds=1)
+    with store.transaction() as tx:
+        locked = tx.get_operation("acme", "op-1", for_update=True)
+        assert locked == kept
+        again = tx.update_operation(
+            "acme",
+            "op-1",
+            status=OperationStatus.RUNNING,
+            outcome=None,
+            attempts=2,
+            lease_until=tx.now + LEASE,
+        )
+        assert again == kept.model_copy(
+            update={
+                "status": OperationStatus.RUNNING,
+                "outcome": None,
+                "attempts": 2,
+                "lease_until": tx.now + LEASE,
+                "updated_at": tx.now,
+            }
+        )
+    with store.transaction(read_only=True) as tx:
+        assert tx.get_operation("acme", "op-1") == again
 
 
 def test_stale_operations_are_running_ones_past_their_lease(store: Store, clock: FakeClock):
@@ -1098,6 +1164,118 @@ def test_the_sqlite_busy_timeout_ends_in_store_busy(tmp_path: Path):
         impatient.close()
         holder.close()
     assert os.path.exists(tmp_path / "state.db")
+
+
+def _in_thread(work: Any) -> tuple[threading.Thread, list[BaseException], list[Any]]:
+    """Start ``work`` in a thread; what it raised and returned are collected."""
+    raised: list[BaseException] = []
+    returned: list[Any] = []
+
+    def run() -> None:
+        try:
+            returned.append(work())
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, raised, returned
+
+
+def test_writers_of_one_sqlite_store_queue_and_readers_do_not(tmp_path: Path):
+    from gateway.state.sqlite import SqliteBackend
+
+    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=0.3))
+    try:
+        _tenant(store, limit=None)
+        entered = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            with store.transaction() as tx:
+                tx.set_budget_limit("acme", 5)
+                entered.set()
+                release.wait(10)
+
+        holder, holder_raised, _ = _in_thread(hold)
+        assert entered.wait(10)
+        # Another writer of this process waits its busy timeout, then StoreBusy.
+        waiter, waiter_raised, _ = _in_thread(lambda: store.transaction().__enter__())
+        waiter.join(10)
+        assert [type(exc) for exc in waiter_raised] == [StoreBusy]
+        assert "another writer of this process" in str(waiter_raised[0])
+        # A reader does not queue behind the writer, and sees the last commit.
+        with store.transaction(read_only=True) as reader:
+            record = reader.get_tenant("acme")
+            assert record is not None
+            assert record.budget_limit is None
+
+        # A writer that starts while the holder still runs goes on once it ends.
+        def write() -> int | None:
+            with store.transaction() as tx:
+                tx.set_budget_limit("acme", 7)
+                record = tx.get_tenant("acme")
+                return None if record is None else record.budget_limit
+
+        second, second_raised, second_returned = _in_thread(write)
+        time.sleep(0.05)
+        release.set()
+        holder.join(10)
+        second.join(10)
+        assert holder_raised == []
+        assert second_raised == []
+        assert second_returned == [7]
+
+        # A writer that failed (rolled back) lets the next one in at once.
+        def fail() -> None:
+            with store.transaction() as tx:
+                tx.set_budget_limit("acme", 1)
+                raise RuntimeError("the step failed")
+
+        with pytest.raises(RuntimeError):
+            fail()
+        third, third_raised, third_returned = _in_thread(write)
+        third.join(10)
+        assert third_raised == []
+        assert third_returned == [7]
+    finally:
+        store.close()
+
+
+def test_a_writer_waits_once_for_this_process_and_sqlite_together(tmp_path: Path):
+    # Another process holds SQLite's writer lock. This process's first writer waits
+    # for it inside SQLite; its second waits for the first at the gate, then in SQLite
+    # for what is left: the busy timeout bounds its whole wait, not each of the two.
+    from gateway.state.sqlite import SqliteBackend
+
+    url = f"sqlite://{tmp_path}/state.db"
+    other_process = open_store(url)
+    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=1.0))
+    waits: list[float] = []
+
+    def begin_write() -> None:
+        started = time.monotonic()
+        try:
+            store.transaction().__enter__()
+        finally:
+            waits.append(time.monotonic() - started)
+
+    try:
+        with other_process.transaction() as tx:
+            tx.put_tenant("acme", budget_class="standard", budget_limit=1)
+            first, first_raised, _ = _in_thread(begin_write)
+            time.sleep(0.5)
+            second, second_raised, _ = _in_thread(begin_write)
+            first.join(10)
+            second.join(10)
+        assert [type(exc) for exc in first_raised + second_raised] == [StoreBusy, StoreBusy]
+        assert len(waits) == 2
+        assert max(waits) < 1.35  # about 1 s each; the second's is not 0.5 s + 1 s
+        with store.transaction() as tx:  # the gate was given back after both failures
+            tx.put_tenant("globex", budget_class="standard", budget_limit=1)
+    finally:
+        store.close()
+        other_process.close()
 
 
 # -- the PostgreSQL pool and the test server --------------------------------------------
