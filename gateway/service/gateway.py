@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final, NoReturn, Protocol
 
@@ -75,6 +76,7 @@ from gateway.service.credentials import CredentialResolver, NoCredentials
 from gateway.service.requests import AgentRequest
 from gateway.state.errors import DuplicateOperation, UnknownProposal, UnknownTenant
 from gateway.state.records import (
+    BudgetState,
     ConnectionRecord,
     LedgerEntry,
     OperationRecord,
@@ -194,6 +196,19 @@ class _Leases:
             )
 
 
+@dataclass(frozen=True)
+class _CallFacts:
+    """What deciding and running one call read from the store, in one snapshot."""
+
+    compose: ComposeInput
+    evidence: set[str]
+    budget: BudgetState
+    operation: OperationState
+    #: The account of each of the tenant's connections, by alias: the tool's
+    #: connection names the one its call runs as.
+    accounts: dict[str, str]
+
+
 class _Refused(Exception):
     """Raised inside a claim's transaction (rolling it back) with the reason code."""
 
@@ -259,16 +274,22 @@ class Gateway:
             return self._compose_facts(tx, request.principal, request.task, request.environment)
 
     def _compose_facts(
-        self, tx: Tx, principal: Principal, task: Task, environment: str
+        self,
+        tx: Tx,
+        principal: Principal,
+        task: Task,
+        environment: str,
+        connections: dict[str, ConnectionRecord] | None = None,
     ) -> ComposeInput:
         tenant = tx.get_tenant(principal.tenant)
         if tenant is None:
             raise UnknownTenant(principal.tenant)
-        connections = {alias: c.status for alias, c in tx.connections(principal.tenant).items()}
+        if connections is None:
+            connections = tx.connections(principal.tenant)
         return ComposeInput(
             principal=principal,
             task=task,
-            connections=connections,
+            connections={alias: c.status for alias, c in connections.items()},
             environment=environment,
             budget_class=tenant.budget_class,
             quarantined=self._quarantined(tx),
@@ -367,25 +388,49 @@ class Gateway:
         prepared = self.dispatcher.prepare(tool, params)
         contract = prepared.contract
         stage = Stage.PROPOSE if contract is not None and contract.needs_review else Stage.CALL
-        with self.store.transaction(read_only=True) as tx:
-            facts = self._compose_facts(tx, request.principal, request.task, request.environment)
-            evidence = tx.evidence(request.tenant, request.task_id)
-            budget = tx.budget(request.tenant, request.task_id)
-            operation = _operation_state(tx.get_operation(request.tenant, operation_id))
+        read = self._call_facts(
+            request.principal,
+            request.task,
+            request.environment,
+            request.task_id,
+            operation_id,
+        )
         cost = contract.cost_units if contract is not None else 0
         execute = self.dispatcher.execute_input(
-            facts,
+            read.compose,
             prepared,
             operation_id=operation_id,
             stage=stage,
-            evidence=evidence,
-            budget=Budget(remaining=budget.remaining, cost=cost) if stage is Stage.CALL else None,
-            operation=operation if stage is Stage.CALL else None,
+            evidence=read.evidence,
+            budget=Budget(remaining=read.budget.remaining, cost=cost)
+            if stage is Stage.CALL
+            else None,
+            operation=read.operation if stage is Stage.CALL else None,
         )
         authorised = self._authorise(prepared, execute, request.principal, None)
         if stage is Stage.PROPOSE:
             return self._propose(authorised, request)
-        return self._execute(authorised, request.task_id, proposal=None, review=None)
+        return self._execute(authorised, request.task_id, read, proposal=None, review=None)
+
+    def _call_facts(
+        self,
+        principal: Principal,
+        task: Task,
+        environment: str,
+        task_id: str,
+        operation_id: str,
+    ) -> _CallFacts:
+        """Every fact a call's decision and run need, read in one transaction."""
+        tenant = principal.tenant
+        with self.store.transaction(read_only=True) as tx:
+            connections = tx.connections(tenant)
+            return _CallFacts(
+                compose=self._compose_facts(tx, principal, task, environment, connections),
+                evidence=tx.evidence(tenant, task_id),
+                budget=tx.budget(tenant, task_id),
+                operation=_operation_state(tx.get_operation(tenant, operation_id)),
+                accounts={alias: c.account for alias, c in connections.items()},
+            )
 
     def _propose(self, authorised: Authorised, request: AgentRequest) -> ProposalRecord:
         contract = authorised.contract
@@ -611,24 +656,27 @@ class Gateway:
                     return outcome
         review = _latest_approval(self.store, proposal.id)
         contract = self.catalogue.tools.get(proposal.tool)
-        with self.store.transaction(read_only=True) as tx:
-            task = Task.model_validate(proposal.task)
-            facts = self._compose_facts(tx, proposal.proposer, task, proposal.environment)
-            evidence = tx.evidence(proposal.tenant, proposal.task_id)
-            budget = tx.budget(proposal.tenant, proposal.task_id)
-            operation = _operation_state(tx.get_operation(proposal.tenant, proposal.operation_id))
+        read = self._call_facts(
+            proposal.proposer,
+            Task.model_validate(proposal.task),
+            proposal.environment,
+            proposal.task_id,
+            proposal.operation_id,
+        )
         # The stored parameters, hashed again now: content altered since the approval
         # gives another digest, and OPA denies it as approval_mismatch.
         prepared = self.dispatcher.prepare(proposal.tool, proposal.params)
         execute = self.dispatcher.execute_input(
-            facts,
+            read.compose,
             prepared,
             operation_id=proposal.operation_id,
             stage=Stage.DISPATCH,
             approval=_approval_fact(review, proposal),
-            evidence=evidence,
-            budget=Budget(remaining=budget.remaining, cost=contract.cost_units if contract else 0),
-            operation=operation,
+            evidence=read.evidence,
+            budget=Budget(
+                remaining=read.budget.remaining, cost=contract.cost_units if contract else 0
+            ),
+            operation=read.operation,
             proposal=ProposalRef(id=proposal.id, status=proposal.status.value),
         )
         # The version that was proposed and approved, not the catalogue's of today: a
@@ -649,7 +697,7 @@ class Gateway:
                 return self.dispatch(proposal_id)
             self._block(proposal, denial.reason_codes, denial.decision_id, denial.revision)
             raise
-        return self._execute(authorised, proposal.task_id, proposal=proposal, review=review)
+        return self._execute(authorised, proposal.task_id, read, proposal=proposal, review=review)
 
     def _block(
         self,
@@ -733,12 +781,13 @@ class Gateway:
         self,
         authorised: Authorised,
         task_id: str,
+        read: _CallFacts,
         *,
         proposal: ProposalRecord | None,
         review: ReviewRecord | None,
     ) -> Outcome:
         """Record the intent, run (or look up), record the outcome: see the module doc."""
-        account, secret = self._credential(authorised)
+        account, secret = self._credential(authorised, read.accounts)
         definition = _definition_digest(authorised)
         deadline = time.monotonic() + self.duplicate_wait
         while True:
@@ -780,16 +829,16 @@ class Gateway:
         )
         return outcome
 
-    def _credential(self, authorised: Authorised) -> tuple[str | None, Secret | None]:
-        """The connection's account (from the store) and secret (from the resolver)."""
+    def _credential(
+        self, authorised: Authorised, accounts: dict[str, str]
+    ) -> tuple[str | None, Secret | None]:
+        """The connection's account (read with the call's facts) and its secret (from
+        the resolver, which the store never holds)."""
         alias = authorised.contract.connection_alias
         if alias is None:
             return None, None
         tenant = authorised.request.principal.tenant
-        with self.store.transaction(read_only=True) as tx:
-            connection: ConnectionRecord | None = tx.connections(tenant).get(alias)
-        account = connection.account if connection is not None else None
-        return account, self.credentials.resolve(tenant, alias)
+        return accounts.get(alias), self.credentials.resolve(tenant, alias)
 
     def _claim(
         self,
