@@ -257,7 +257,12 @@ def _loads(body: bytes) -> Any:
     (23 ms against 15 ms for the 2.4 MB compose answer of a 10,000-tool catalogue,
     which OPA takes about 0.5 s to produce), so it stays in the hot path.
     """
-    return json.loads(body, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    return _STRICT_JSON.decode(body.decode("utf-8"))
+
+
+#: One decoder for every answer (json.loads with hooks would build one per call);
+#: like json's own default decoder, it keeps no state between documents.
+_STRICT_JSON: Final = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,11 @@ ANSWER_FAILURES: dict[str, Handler] = {
     "content_length_over_cap": raw(b'{"result": {}}', headers={"Content-Length": str(1 << 40)}),
     "not_json": raw(b"<html>proxy error</html>"),
     "not_utf8": raw(b"\xff\xfe\x00"),
+    # JSON text in OPA's answers is UTF-8: no other encoding, no byte-order mark, no
+    # surrogate code point written as UTF-8 bytes.
+    "utf16": raw(json.dumps({"result": COMPOSE_RESULT}).encode("utf-16")),
+    "utf8_bom": raw(b"\xef\xbb\xbf" + json.dumps({"result": COMPOSE_RESULT}).encode()),
+    "utf8_surrogate": raw(b'{"result": {}, "x": "\xed\xa0\x80"}'),
     "empty_body": raw(b""),
     "json_array": answer([COMPOSE_RESULT]),
     "json_string": answer("allow"),
