@@ -187,7 +187,7 @@ def plain_params(params: object) -> tuple[dict[str, Any], bytes]:
                 f"parameters: could not be read as a mapping ({type(exc).__name__})"
             ) from None
     copy: dict[str, Any] = plain_json(params, what="parameters", max_bytes=MAX_PARAMS_BYTES)
-    canonical = canonical_json(copy)
+    canonical = _serialise(copy)
     if len(canonical) > MAX_PARAMS_BYTES:
         raise _too_big("parameters", MAX_PARAMS_BYTES)
     return copy, canonical
@@ -199,7 +199,11 @@ def canonical_json(value: Any) -> bytes:
     The nesting is checked iteratively first (:func:`plain_json`), so a deep value is
     an InvalidInput, never a RecursionError.
     """
-    plain = plain_json(value)
+    return _serialise(plain_json(value))
+
+
+def _serialise(plain: Any) -> bytes:
+    """The canonical bytes of a value :func:`plain_json` returned (not checked again)."""
     try:
         text = json.dumps(
             plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
