@@ -19,8 +19,9 @@ catalogue:
 4. An authorised call (``Dispatcher.call`` of a no-op in-process tool) against a raw
    ``http.client`` keep-alive POST of the same input to the same OPA, with httpx and
    httpcore POSTs beside it, and the CPU each path costs this process and OPA; 2
-   concurrent agents (threads) against 1; and through the Gateway with its SQLite
-   store, 2 agents on one asyncio loop (``AsyncGateway``) against 1, and in threads.
+   concurrent agents (threads) against 1, also with the embedded OPA at
+   ``GOMAXPROCS=1``; and through the Gateway with its SQLite store, 2 agents on one
+   asyncio loop (``AsyncGateway``) against 1, and in threads.
 5. The sidecar: start to bundle active, and the first decision after it reports
    ready against the warm p50.
 6. The client library: ``PolicyClient`` against opa-python-client (requests) on the
@@ -413,6 +414,9 @@ class CallRows:
     #: path -> (this process's CPU µs per call, OPA's CPU µs per call)
     cpu_us: dict[str, tuple[float, float]]
     gateway: GatewayThroughput
+    #: The same two measures against an embedded OPA started with GOMAXPROCS=1.
+    one_thread_gomaxprocs_1: float
+    two_threads_gomaxprocs_1: float
 
 
 def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
@@ -437,15 +441,24 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         }
     )
     budget = Budget(remaining=None, cost=catalogue.tools["contact.read"].cost_units)
-    with PolicySidecar(catalogue, policies_dir=policies) as sidecar:
-        recording = _Recording(sidecar.client)
-        dispatcher = Dispatcher(catalogue, recording, registry)
 
+    def call_with(dispatcher: Dispatcher) -> Callable[[], None]:
         def call() -> None:
             outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"}, budget=budget)
             if not outcome.ok:
                 sys.exit(f"bench: the authorised call failed: {outcome}")
 
+        return call
+
+    def one_and_two(call: Callable[[], None]) -> tuple[float, float]:
+        calls_per_second(call, 2, 50)  # warm both connections
+        one = statistics.median(calls_per_second(call, 1) for _ in range(3))
+        two = statistics.median(calls_per_second(call, 2) for _ in range(3))
+        return one, two
+
+    with PolicySidecar(catalogue, policies_dir=policies) as sidecar:
+        recording = _Recording(sidecar.client)
+        call = call_with(Dispatcher(catalogue, recording, registry))
         call()
         assert recording.sent is not None
         sent = recording.sent.to_opa()
@@ -515,14 +528,27 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         bare_httpx.close()
         pool.close()
 
-        calls_per_second(call, 2, 50)  # warm both connections
-        one = statistics.median(calls_per_second(call, 1) for _ in range(3))
-        two = statistics.median(calls_per_second(call, 2) for _ in range(3))
+        one, two = one_and_two(call)
         through_gateway = gateway_throughput(catalogue, sidecar.client, tools)
+    # The embedded OPA on one Go scheduler thread: fewer threads spinning for work on
+    # the cores the agents' Python needs (an option, not the default; see the notes).
+    with PolicySidecar(
+        catalogue, policies_dir=policies, opa_env={"GOMAXPROCS": "1"}
+    ) as single_threaded:
+        one_single, two_single = one_and_two(
+            call_with(Dispatcher(catalogue, single_threaded.client, registry))
+        )
     data = compile_catalogue(catalogue)
     opa_ms = opa_bench_ms(policies, data, sent, "data.capgate.execute.decision")
     return CallRows(
-        [(name, samples[name]) for name, _ in paths], one, two, opa_ms, cpu, through_gateway
+        [(name, samples[name]) for name, _ in paths],
+        one,
+        two,
+        opa_ms,
+        cpu,
+        through_gateway,
+        one_single,
+        two_single,
     )
 
 
@@ -731,21 +757,38 @@ NOTES = """## Reading these figures
   evaluator.
 - **CPU per call.** The table's CPU columns show where an authorised call's time
   goes: OPA's own CPU (HTTP, input parsing, evaluation, decision logging) is most
-  of it; `PolicyClient`'s Python is about twice the raw POST's, and the whole
-  dispatcher's (parameters copied, hashed and schema-checked, the input model
-  validated, the output schema-checked) about four times. OPA also spends more
-  per call behind the dispatcher than behind back-to-back raw POSTs: a raw POST
-  after an idle gap is slower too (about 100 µs at p50 after a 250 µs gap, while
-  choosing these changes), as the Go runtime parks and wakes its threads.
-  Decisions skip httpx's request and response objects
-  (`DeadlineTransport.exchange`: about 100 µs of Python CPU less per decision)
-  and validate the call's facts once. Two agents
-  share two cores with OPA, so the ratio of two agents to one is bounded by CPU,
-  not by the interpreter lock, and it moves with whatever else the machine runs.
-  `AsyncGateway` awaits the same blocking calls from worker threads, so its two
-  agents on one event loop are measured against the same Gateway in two threads;
-  the Gateway path also writes every call's reservation, intent, outcome and
-  ledger rows to SQLite, one writer at a time.
+  of it. `PolicyClient`'s Python now costs about what the raw POST's does: answers
+  are read by the transport's own strict HTTP/1.1 parser, not `http.client`, whose
+  header parsing through the `email` package was most of the client's time (about
+  80 µs of CPU a decision when it was replaced), and decisions skip httpx's request
+  and response objects. The whole dispatcher's is about twice the raw POST's
+  (parameters copied, hashed and schema-checked, the input model validated, the
+  output schema-checked). OPA also spends more per call behind the dispatcher than
+  behind back-to-back raw POSTs: a raw POST after an idle gap is slower too (about
+  100 µs at p50 after a 250 µs gap), as the Go runtime parks and wakes its threads.
+- **Two agents against one.** Two agents share two cores with OPA, so the ratio is
+  bounded by CPU and moves with whatever else the machine runs. The Go runtime adds
+  to it: with a scheduler thread per core, OPA's idle threads spin looking for work
+  on the cores the agents' Python needs. Started with `GOMAXPROCS=1`
+  (`PolicySidecar(..., opa_env={"GOMAXPROCS": "1"})`), the embedded OPA answered
+  more authorised calls per second, to one agent and to two (in the runs made while
+  writing these notes, two agents 1,180-1,340 calls/s against 970-1,250 with Go's
+  default; the ratio of two to one moved between 1.4x and 1.8x with the machine),
+  but two concurrent 10,000-tool composes ran a third slower (85-92 against 121-143
+  composes/s), as compose is OPA's work alone. The default stays Go's; the line
+  under the table above measures the option in each run.
+- **Through the Gateway and its store.** `AsyncGateway` awaits the same blocking
+  calls from worker threads, so its two agents on one event loop are measured
+  against the same Gateway in two threads. Each `Gateway.call` reads its facts in
+  one transaction and writes two: the intent with its reservation (durable before
+  the tool runs) and the outcome with its settlement (after), each with a ledger
+  row and a `synchronous=FULL` commit, 26 SQL statements in all. SQLite has one
+  writer at a time; writers of one process queue on an in-process lock (SQLite's
+  own busy handler sleeps 1 to 100 ms between tries), yet a writing transaction is
+  held for about 0.6 ms, half of it the commit's fsync, and its Python parts wait
+  for the interpreter lock while the other agent runs. So two agents overlap only
+  their reads, OPA's decisions and their tools. On PostgreSQL too, every writing
+  step appends to the one ledger hash chain, whose lock is held until it commits.
 - **Measured and not taken.** `GOGC=400` for the embedded OPA cut its CPU per
   decision by about 15%, but raised its resident memory at 10,000 tools from 200 MB
   to 467 MB. Dropping `?provenance=true` saved under 30 µs of OPA CPU and would lose
@@ -873,6 +916,13 @@ def main() -> int:
         "≥ 1.6x",
         throughput >= 1.6,
     )
+    print(
+        "  (informational) the same with the embedded OPA at GOMAXPROCS=1: "
+        f"{calls.two_threads_gomaxprocs_1 / calls.one_thread_gomaxprocs_1:.2f}x "
+        f"({calls.two_threads_gomaxprocs_1:.0f} against "
+        f"{calls.one_thread_gomaxprocs_1:.0f} calls/s)",
+        flush=True,
+    )
     through = calls.gateway
     async_ratio = through.async_two / through.async_one
     goal(
@@ -971,7 +1021,11 @@ def main() -> int:
             ),
             "",
             f"Two agents in threads: {calls.two_threads_per_s:.0f} calls/s, against "
-            f"{calls.one_thread_per_s:.0f} for one. Through the Gateway and its SQLite "
+            f"{calls.one_thread_per_s:.0f} for one; with the embedded OPA started with "
+            f"`GOMAXPROCS=1`, {calls.two_threads_gomaxprocs_1:.0f} against "
+            f"{calls.one_thread_gomaxprocs_1:.0f} "
+            f"({calls.two_threads_gomaxprocs_1 / calls.one_thread_gomaxprocs_1:.2f}x). "
+            "Through the Gateway and its SQLite "
             f"store: two agents on one asyncio loop (`AsyncGateway`) "
             f"{calls.gateway.async_two:.0f} calls/s against {calls.gateway.async_one:.0f} "
             f"for one; in threads {calls.gateway.threads_two:.0f} against "
