@@ -152,6 +152,8 @@ class _SqliteSession:
             self._end_writing()
 
     def _end_writing(self) -> None:
+        # Only the owning thread ends its transaction (finish runs on every path out
+        # of one, a failed rollback included), so only it gives the gate back.
         if self._writing:
             self._writing = False
             self._backend.give_writer_gate()
@@ -187,7 +189,6 @@ class _SqliteSession:
             self._closed = True
             with contextlib.suppress(sqlite3.Error):
                 self.connection.close()
-        self._end_writing()
 
 
 class SqliteBackend:
