@@ -37,7 +37,12 @@ import pytest
 from gateway.opa.client import PolicyClient
 from gateway.opa.policies import locate_policies
 from gateway.opa.process import EmbeddedOPA
-from tests.integration.test_opa_process import is_alive, wait_gone, write_bundle
+from tests.integration.test_opa_process import (
+    CTRL_C_AS_AT_A_TERMINAL,
+    is_alive,
+    wait_gone,
+    write_bundle,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +241,7 @@ def test_other_users_can_neither_read_the_log_nor_connect(bundle: Path, tmpdir_e
 
 # -- 2. folders: however a process ends ----------------------------------------------
 
-OWNER = textwrap.dedent("""\
+OWNER = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     import json, sys, time
     from pathlib import Path
 
@@ -361,7 +366,7 @@ echo "pretending to be OPA, pid $$"
 exec sleep 60
 """
 
-STARTING = textwrap.dedent("""\
+STARTING = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     import sys
     from pathlib import Path
     from capgate.demo import demo_catalogue_dir

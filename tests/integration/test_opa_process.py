@@ -277,7 +277,14 @@ def test_binary_that_cannot_run(bundle: Path, tmp_path: Path) -> None:
 
 # -- no orphans ------------------------------------------------------------------
 
-CHILD = textwrap.dedent("""\
+#: Put first in a child script that a test stops with SIGINT. Python turns SIGINT
+#: into KeyboardInterrupt only if SIGINT was not ignored when it started, and a test
+#: run started in the background (a shell's ``&``, nohup) passes it on ignored.
+CTRL_C_AS_AT_A_TERMINAL = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+)
+
+CHILD = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from gateway.opa.process import EmbeddedOPA
