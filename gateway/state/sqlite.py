@@ -128,14 +128,23 @@ class _SqliteSession:
         if waited <= 0:
             self.execute("BEGIN IMMEDIATE")
             return
-        left = max(self._backend.busy_timeout - waited, 0.0)
-        self.connection.execute(f"PRAGMA busy_timeout = {int(left * 1000)}")
+        self.busy_wait(max(self._backend.busy_timeout - waited, 0.0))
         try:
             self.execute("BEGIN IMMEDIATE")
-        finally:
-            self.connection.execute(
-                f"PRAGMA busy_timeout = {int(self._backend.busy_timeout * 1000)}"
-            )
+        except StoreError:
+            with contextlib.suppress(StoreError):  # the BEGIN's error is the one to tell
+                self.busy_wait(self._backend.busy_timeout)
+            raise
+        self.busy_wait(self._backend.busy_timeout)
+
+    def busy_wait(self, seconds: float) -> None:
+        """How long SQLite waits for another process's writer. A failure leaves the
+        connection's state unknown: it is closed, never handed out again."""
+        try:
+            self.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        except StoreError:
+            self.close()
+            raise
 
     def finish(self, *, commit: bool) -> None:
         try:
@@ -288,7 +297,7 @@ class SqliteBackend:
                 )
             session.execute("PRAGMA synchronous = FULL")
             session.execute("PRAGMA foreign_keys = ON")
-            session.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            session.busy_wait(self.busy_timeout)
         except BaseException:
             session.close()
             raise
