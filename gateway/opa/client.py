@@ -245,6 +245,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: One decoder for every answer (json.loads with hooks would build one per call);
+#: like json's own default decoder, it keeps no state between documents.
+_STRICT_JSON: Final = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
 def _loads(body: bytes) -> Any:
     """Parse strict JSON: no repeated key in any object, no NaN or Infinity.
 
@@ -258,11 +263,6 @@ def _loads(body: bytes) -> Any:
     which OPA takes about 0.5 s to produce), so it stays in the hot path.
     """
     return _STRICT_JSON.decode(body.decode("utf-8"))
-
-
-#: One decoder for every answer (json.loads with hooks would build one per call);
-#: like json's own default decoder, it keeps no state between documents.
-_STRICT_JSON: Final = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
 
 
 @dataclass(frozen=True)
