@@ -481,6 +481,7 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         }
     )
     budget = Budget(remaining=None, cost=catalogue.tools["contact.read"].cost_units)
+    data = compile_catalogue(catalogue)
 
     def call_with(dispatcher: Dispatcher) -> Callable[[], None]:
         def call() -> None:
@@ -505,7 +506,7 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         floor, _ = sidecar.client.query("capgate/bench/floor_decision", sent)
         if floor != {
             "allow": True,
-            "catalogue_digest": compile_catalogue(catalogue)["meta"]["digest"],
+            "catalogue_digest": data["meta"]["digest"],
         }:
             sys.exit(f"bench: the execute floor does not allow the demo call: {floor}")
         body = json.dumps({"input": sent}, separators=(",", ":")).encode()
@@ -584,7 +585,6 @@ def authorised_call(policies: Path, runs: int = 2_000) -> CallRows:
         one_single, two_single = one_and_two(
             call_with(Dispatcher(catalogue, single_threaded.client, registry))
         )
-    data = compile_catalogue(catalogue)
     opa_ms = opa_bench_ms(policies, data, sent, "data.capgate.execute.decision")
     return CallRows(
         [(name, samples[name]) for name, _ in paths],
