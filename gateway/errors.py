@@ -16,6 +16,7 @@ errors come back::
     │   └── ObligationUnsupported obligation_unsupported an allow whose obligations are not exactly
     │                                                    those the contract requires
     ├── ToolNotRegistered        tool_not_registered     granted, but no adapter holds the tool
+    │                                                    (also a KeyError, as the seed says)
     ├── ToolNotInCatalogue       tool_not_in_catalogue   a registered name the catalogue lacks
     ├── CredentialUnavailable    credential_unavailable  a connection's secret could not be resolved
     ├── StoreError ...           store_*, unknown_*      the gateway's store (gateway.state.errors)
@@ -218,14 +219,22 @@ class ObligationUnsupported(CapabilityViolation):
         return " (" + "; ".join(r.message for r in self.reasons[:5]) + ")" if self.reasons else ""
 
 
-class ToolNotRegistered(CapgateError):
-    """Policy granted the tool, but no adapter in this process can run it."""
+class ToolNotRegistered(CapgateError, KeyError):
+    """Policy granted the tool, but no adapter in this process can run it.
+
+    Also a ``KeyError``, as the tool contract promises for "granted but not
+    registered": code written against a plain registry (``except KeyError``) keeps
+    working. Its text is the message itself, not ``KeyError``'s quoted repr.
+    """
 
     code: ClassVar[str] = "tool_not_registered"
 
     def __init__(self, tool: str) -> None:
         self.tool = tool
         super().__init__(f"tool {quote(tool)} is granted but not registered with any adapter")
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
 
 
 class ToolNotInCatalogue(CapgateError):

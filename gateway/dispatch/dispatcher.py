@@ -61,7 +61,7 @@ from gateway.errors import (
     cut,
     quote,
 )
-from gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from gateway.model.contracts import Catalogue, Mode, ToolContract
 from gateway.model.decisions import (
     ComposeDecision,
     ComposeExplanation,
@@ -503,6 +503,14 @@ class Dispatcher:
         contract = authorised.contract
         return _interpret(contract, self._schemas_for(contract).output, raw, authorised.grant)
 
+    def interpret_found(self, contract: ToolContract, operation_id: str, raw: object) -> Outcome:
+        """What a lookup made outside any call (settling an unknown operation) found,
+        checked exactly like a run's result. No decision stands behind it: it grants
+        nothing, it only says what already happened."""
+        grant = Grant(contract=contract, operation_id=operation_id, idempotency_key=None,
+                      decision_id=None)  # fmt: skip
+        return _interpret(contract, self._schemas_for(contract).output, raw, grant)
+
     def _schemas_for(self, contract: ToolContract) -> _Schemas:
         """Compiled validators, built once per tool rather than on every call."""
         schemas = self._schemas.get(contract.name)
@@ -747,8 +755,6 @@ def _run(
     context: CallContext,
     grant: Grant,
 ) -> Outcome:
-    # Repeating a failed call is only safe when the contract says so.
-    safe_to_repeat = contract.idempotency != Idempotency.NOT_IDEMPOTENT
     try:
         raw = adapter.run(action, params, context)
     except ToolRefused as exc:
@@ -764,10 +770,22 @@ def _run(
         )
     except ToolUnknown as exc:  # the request may have left: say so, never guess
         return _outcome(
-            contract, grant, OutcomeStatus.UNKNOWN, error=_text(exc), recovery=contract.recovery
+            contract,
+            grant,
+            OutcomeStatus.UNKNOWN,
+            error=_text(exc),
+            recovery=contract.recovery,
+            retry_after_seconds=_retry_after(getattr(exc, "retry_after_seconds", None)),
         )
     except Exception as exc:  # the tool's own failure: contain it, never crash the agent
-        status = OutcomeStatus.RETRYABLE if safe_to_repeat else OutcomeStatus.UNKNOWN
+        # Only the adapter can say "nothing happened" (ToolRetryable). Any other
+        # failure of a tool that changes the world (a timeout, a crash half-way) may
+        # have come after its effect: unknown, looked up before any retry, its budget
+        # still held. Idempotency does not make it retryable: an agent that repeats
+        # it without the operation id sends again under a new key, and a retryable
+        # outcome would hand back the budget of a spend that happened. A read has no
+        # effect to lose, so it may simply be tried again.
+        status = OutcomeStatus.RETRYABLE if contract.mode is Mode.READ else OutcomeStatus.UNKNOWN
         error = f"{type(exc).__name__}: {_text(exc)}"
         return _outcome(contract, grant, status, error=error, recovery=contract.recovery)
     return _interpret(contract, output_validator, raw, grant)

@@ -63,5 +63,10 @@ class ToolUnknown(Exception):
     For example a request that left for the provider and got no answer: the payment
     may or may not exist. The outcome is ``unknown`` with the contract's recovery
     procedure, and a retry of the operation looks the action up before sending
-    anything again.
+    anything again. ``retry_after_seconds`` is how long to wait before that lookup,
+    where the tool knows it (a provider that says when its records settle).
     """
+
+    def __init__(self, message: str, *, retry_after_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds

@@ -28,10 +28,10 @@ from gateway.errors import (
     PolicyUnavailable,
     ToolNotRegistered,
 )
-from gateway.model.contracts import Catalogue
+from gateway.model.contracts import Catalogue, Idempotency, Mode
 from gateway.model.decisions import ExecuteDecision, Obligation, Reason
 from gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, ProposalRef, Stage
-from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable
+from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable, ToolUnknown
 from tests.unit.scripted_decider import (
     ScriptedDecider,
     compose_decision,
@@ -279,28 +279,59 @@ def test_only_a_finite_non_negative_wait_is_kept(catalogue, facts, offered, kept
     json.dumps(outcome.model_dump(mode="json"), allow_nan=False)
 
 
-def test_crash_of_idempotent_tool_is_retryable(catalogue, facts):
-    def fn(**_: Any) -> dict[str, Any]:
-        raise RuntimeError("socket closed")
-
-    dispatcher = Dispatcher(catalogue, ScriptedDecider(), _registry_with(fn))
-    outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
-    assert catalogue.tools["contact.read"].idempotency != "not_idempotent"
-    assert outcome.status is OutcomeStatus.RETRYABLE
-    assert "socket closed" in (outcome.error or "")
-
-
-def test_crash_of_non_idempotent_tool_is_unknown_with_recovery(catalogue, facts):
-    contract = catalogue.tools["contact.read"].model_copy(update={"idempotency": "not_idempotent"})
+@pytest.mark.parametrize("mode", ["read", "write", "propose_write"])
+@pytest.mark.parametrize("idempotency", ["idempotent", "idempotent_with_key", "not_idempotent"])
+@pytest.mark.parametrize(
+    "failure", [TimeoutError("no answer from provider"), RuntimeError("socket closed")]
+)
+def test_an_unclassified_failure_is_unknown_unless_the_tool_only_reads(
+    catalogue, facts, mode, idempotency, failure
+):
+    # Only the adapter can say nothing happened (ToolRetryable). A tool that changes
+    # the world and fails any other way may have had its effect: unknown, with the
+    # recovery procedure, however safe a repeat with the same key would be. A read
+    # has no effect to lose.
+    contract = catalogue.tools["contact.read"].model_copy(
+        update={"mode": Mode(mode), "idempotency": Idempotency(idempotency)}
+    )
     changed = catalogue.model_copy(update={"tools": {**catalogue.tools, "contact.read": contract}})
 
     def fn(**_: Any) -> dict[str, Any]:
-        raise TimeoutError("no answer from provider")
+        raise failure
 
-    dispatcher = Dispatcher(changed, ScriptedDecider(), _registry_with(fn))
+    def answer(request: ExecuteInput) -> ExecuteDecision:  # with the key a keyed tool needs
+        keyed = contract.idempotency is Idempotency.IDEMPOTENT_WITH_KEY
+        return execute_decision(
+            obligations=[key_obligation(request.call.operation_id)] if keyed else []
+        )
+
+    dispatcher = Dispatcher(changed, ScriptedDecider(answer), _registry_with(fn))
+    outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
+    expected = OutcomeStatus.RETRYABLE if mode == "read" else OutcomeStatus.UNKNOWN
+    assert outcome.status is expected
+    assert str(failure) in (outcome.error or "")
+    assert outcome.recovery == contract.recovery
+
+
+@pytest.mark.parametrize(("offered", "kept"), [(30, 30.0), (-1, None), (float("nan"), None)])
+def test_an_unknown_outcome_keeps_the_wait_the_tool_gives(catalogue, facts, offered, kept):
+    def lost(**_: Any) -> dict[str, Any]:
+        raise ToolUnknown("sent, no answer", retry_after_seconds=offered)
+
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), _registry_with(lost))
     outcome = dispatcher.call(facts, "contact.read", {"contact_id": "c"})
     assert outcome.status is OutcomeStatus.UNKNOWN
-    assert outcome.recovery == contract.recovery
+    assert outcome.retry_after_seconds == kept
+    json.dumps(outcome.model_dump(mode="json"), allow_nan=False)
+
+
+def test_granted_but_unregistered_is_also_a_key_error(catalogue, facts):
+    # The tool contract's promise: a granted tool no adapter holds raises KeyError.
+    dispatcher = Dispatcher(catalogue, ScriptedDecider(), ToolRegistry())
+    with pytest.raises(KeyError) as caught:
+        dispatcher.call(facts, "contact.read", {"contact_id": "c"})
+    assert isinstance(caught.value, ToolNotRegistered)
+    assert str(caught.value) == "tool 'contact.read' is granted but not registered with any adapter"
 
 
 @pytest.mark.parametrize(
