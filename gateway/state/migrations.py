@@ -205,12 +205,41 @@ def _version_3(d: Dialect) -> list[str]:
     ]
 
 
+def _version_4(d: Dialect) -> list[str]:
+    """What it takes to settle uncertain outcomes without acting again.
+
+    ``operations.outcome_status`` repeats the status of the stored outcome (NULL while
+    running), so the reconciler finds the ``unknown`` operations to look up, and a new
+    proposal the unsettled operations with its very content, through one small
+    partial index rather than by reading every outcome. Existing rows take the status
+    from their outcome's JSON. ``proposals.unsettled_twins`` records, when a proposal
+    is made, the unsettled operations of the same tool and content it may repeat.
+    """
+    backfill = (
+        "UPDATE operations SET outcome_status = json_extract(outcome, '$.status') "
+        "WHERE outcome IS NOT NULL"
+        if d.name == "sqlite"
+        else "UPDATE operations SET outcome_status = (CAST(outcome AS jsonb) ->> 'status') "
+        "WHERE outcome IS NOT NULL"
+    )
+    return [
+        "ALTER TABLE operations ADD COLUMN outcome_status TEXT CHECK (outcome_status IS NULL "
+        "OR outcome_status IN ('success', 'refused', 'retryable', 'unknown'))",
+        backfill,
+        "CREATE INDEX operations_unsettled ON operations (tenant, tool, params_digest) "
+        "WHERE status = 'running' OR outcome_status = 'unknown'",
+        "ALTER TABLE proposals ADD COLUMN unsettled_twins TEXT NOT NULL DEFAULT '[]'",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
               "reviews and the ledger", _version_1),
     Migration(2, "operations.reserved; proposals by operation id", _version_2),
     Migration(3, "pins of upstream MCP tool definitions", _version_3),
+    Migration(4, "operations.outcome_status for settling unknown outcomes; proposals' "
+              "unsettled twins", _version_4),
 )  # fmt: skip
 
 

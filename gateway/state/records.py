@@ -141,6 +141,10 @@ class ProposalRecord(_Record):
     reason_codes: list[str] = Field(default_factory=list)
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    #: When proposed: the tenant's operations of the same tool with exactly this
+    #: content that were still running or ended ``unknown``. Approving this one may
+    #: do the same thing twice (a payment paid again); reviewers are told.
+    unsettled_twins: list[Identifier] = Field(default_factory=list)
 
 
 class ReviewVerdict(StrEnum):

@@ -113,7 +113,7 @@ _OPERATION_COLUMNS: Final = (
 _PROPOSAL_COLUMNS: Final = (
     "id, tenant, task_id, proposer, environment, task, tool, contract_version, "
     "execution_action, params, params_digest, operation_id, decision_id, status, "
-    "reason_codes, created_at, updated_at"
+    "reason_codes, created_at, updated_at, unsettled_twins"
 )
 _REVIEW_COLUMNS: Final = (
     "id, proposal_id, reviewer, verdict, kind, tenant, tool, operation_id, digest, "
@@ -246,6 +246,7 @@ def _proposal(row: Mapping[str, Any]) -> ProposalRecord:
             "task": _load(row["task"], "proposal task"),
             "params": _load(row["params"], "proposal params"),
             "reason_codes": _load(row["reason_codes"], "proposal reason codes"),
+            "unsettled_twins": _load(row["unsettled_twins"], "proposal unsettled twins"),
             "created_at": _time(row["created_at"]),
             "updated_at": _time(row["updated_at"]),
         },
@@ -296,6 +297,14 @@ def _pin_status(observed: str | None, accepted: str | None, rejected: str | None
     return PinStatus.CHANGED if accepted is not None else PinStatus.PENDING
 
 
+def _outcome_status(outcome: Mapping[str, Any] | None) -> str | None:
+    """The status of a stored outcome, kept in its own column for the queries above."""
+    if outcome is None:
+        return None
+    status = outcome.get("status")
+    return status if isinstance(status, str) else None
+
+
 def _proposal_params(p: ProposalRecord) -> dict[str, Any]:
     return {
         "id": p.id,
@@ -315,6 +324,7 @@ def _proposal_params(p: ProposalRecord) -> dict[str, Any]:
         "reason_codes": _dump(p.reason_codes),
         "created_at": to_text(p.created_at, "created_at"),
         "updated_at": to_text(p.updated_at, "updated_at"),
+        "unsettled_twins": _dump(p.unsettled_twins),
     }
 
 
@@ -766,7 +776,8 @@ class SqlTx:
             "operation",
         )
         self._run(
-            "UPDATE operations SET status = :status, outcome = :outcome, attempts = :attempts, "
+            "UPDATE operations SET status = :status, outcome = :outcome, "
+            "outcome_status = :outcome_status, attempts = :attempts, "
             "lease_until = :lease_until, updated_at = :now, reserved = :reserved "
             "WHERE tenant = :tenant AND operation_id = :operation_id",
             {
@@ -774,6 +785,7 @@ class SqlTx:
                 "operation_id": operation_id,
                 "status": record.status.value,
                 "outcome": None if record.outcome is None else _dump(record.outcome),
+                "outcome_status": _outcome_status(record.outcome),
                 "attempts": record.attempts,
                 "lease_until": None if record.lease_until is None else to_text(record.lease_until),
                 "now": self._at,
@@ -797,6 +809,27 @@ class SqlTx:
         )
         return [_operation(row) for row in rows]
 
+    def unsettled_operations(self) -> list[OperationRecord]:
+        """Finished operations whose outcome is ``unknown``, least recently touched
+        first: what a reconciler looks up. Rows are not locked (as above)."""
+        rows = self._rows(
+            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE outcome_status = 'unknown' "
+            "AND status = 'done' ORDER BY updated_at, tenant, operation_id",
+        )
+        return [_operation(row) for row in rows]
+
+    def unsettled_twins(self, tenant: str, tool: str, params_digest: str) -> list[str]:
+        """The ids of the tenant's operations of ``tool`` with exactly these parameters
+        that are running or ended ``unknown``: a new operation with the same content
+        may do what one of them already did."""
+        rows = self._rows(
+            "SELECT operation_id FROM operations WHERE tenant = :tenant AND tool = :tool "
+            "AND params_digest = :digest AND (status = 'running' OR outcome_status = 'unknown') "
+            "ORDER BY created_at, operation_id",
+            {"tenant": tenant, "tool": tool, "digest": params_digest},
+        )
+        return [row["operation_id"] for row in rows]
+
     # -- proposals and reviews --------------------------------------------------------
 
     def insert_proposal(self, proposal: ProposalRecord) -> ProposalRecord:
@@ -808,7 +841,7 @@ class SqlTx:
             f"INSERT INTO proposals ({_PROPOSAL_COLUMNS}) VALUES (:id, :tenant, :task_id, "
             ":proposer, :environment, :task, :tool, :contract_version, :execution_action, "
             ":params, :params_digest, :operation_id, :decision_id, :status, :reason_codes, "
-            ":created_at, :updated_at) ON CONFLICT DO NOTHING",
+            ":created_at, :updated_at, :unsettled_twins) ON CONFLICT DO NOTHING",
             _proposal_params(record),
         )
         if inserted == 1:

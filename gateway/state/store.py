@@ -56,7 +56,7 @@ __all__ = ["SCHEMA_VERSION", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Tx(Protocol):
@@ -158,6 +158,13 @@ class Tx(Protocol):
 
     def stale_operations(self) -> list[OperationRecord]:
         """RUNNING operations whose lease ended before ``now``."""
+
+    def unsettled_operations(self) -> list[OperationRecord]:
+        """Finished operations whose outcome is ``unknown``, least recently touched first."""
+
+    def unsettled_twins(self, tenant: str, tool: str, params_digest: str) -> list[str]:
+        """Ids of the tenant's running or ``unknown`` operations of ``tool`` with exactly
+        these parameters."""
 
     # -- proposals and reviews --------------------------------------------------------
 
