@@ -11,7 +11,8 @@ Three operations, each one store transaction with its ledger rows:
   again exactly the definition a person accepted.
 - :func:`accept_definition`: a person accepts the definition shown now (the one
   with the digest they reviewed) as a catalogue tool whose ``upstream`` names that
-  server and tool.
+  server and tool, or as the catalogue tool of the same name that names no
+  ``upstream`` (it then runs on that server when the ``MCP_SERVERS`` gate is set).
 - :func:`reject_definition`: a person rejects it; the tool stays quarantined while
   the server shows it.
 
@@ -154,15 +155,18 @@ def _contract_for(catalogue: Catalogue, server: str, tool: str, as_tool: str) ->
     if contract is None:
         raise InvalidInput(f"the catalogue has no tool {quote(as_tool)}")
     upstream = contract.upstream
+    if upstream is None and tool == as_tool:
+        return  # unplaced: it runs on the server where its namesake is accepted as it
     if upstream is None or (upstream.server, upstream.tool) != (server, tool):
         where = (
-            "names no upstream"
+            f"names no upstream, so only a tool named {quote(as_tool)} can be accepted as it"
             if upstream is None
             else f"runs tool {quote(upstream.tool)} of server {quote(upstream.server)}"
         )
         raise InvalidInput(
             f"catalogue tool {quote(as_tool)} {where}; a definition is accepted as the "
-            f"catalogue tool whose upstream is {{server: {server}, tool: {tool}}}"
+            f"catalogue tool whose upstream is {{server: {server}, tool: {tool}}}, or as "
+            "the unplaced catalogue tool of its own name"
         )
 
 
@@ -180,8 +184,9 @@ def accept_definition(
 
     ``digest`` is the definition the person reviewed (None: the one shown now, read in
     the same transaction). The catalogue contract must name this server and tool as
-    its ``upstream``: the authority (roles, mode, connection, cost, approval) is the
-    contract's, never the server's annotations. Raises InvalidInput, UnknownPin or
+    its ``upstream``, or name none and share the tool's name: the authority (roles,
+    mode, connection, cost, approval) is the contract's, never the server's
+    annotations. Raises InvalidInput, UnknownPin or
     PinStale; the acceptance is a ledger row.
     """
     _contract_for(catalogue, server, tool, as_tool)

@@ -21,18 +21,33 @@ second), so no call can hang the calling thread, whatever the server does.
 (:mod:`adapters.mcp.pins`). Every listing is recorded: a changed definition
 quarantines the tool (the gateway's next facts carry it, OPA denies it as
 ``tool_quarantined``); a call already running finishes on the version it started
-with. :meth:`McpTools.definition_digest` names that version for the gateway's
-ledger, and pins it for the operation: the call then runs under exactly the
-definition whose digest the ledger recorded. Arguments are checked against the
+with. Nothing is sent on a connection before its listing has been read and checked
+against the accepted pins: each connection keeps the digests of what its server
+listed last, a ``notifications/tools/list_changed`` holds every call on it until the
+new listing is read, and a call whose tool the server now shows in another version
+(a server restarted with a changed schema, say) is not sent. The gateway asks
+:meth:`McpTools.definition_digest` before it writes the call's intent, which
+connects, lists and compares, so such a call is refused as ``tool_quarantined`` with
+nothing reserved; the same check runs again in the event loop just before the
+request leaves. The digest it returns names, for the ledger, the definition that
+serves the call, and is pinned for the operation. Arguments are checked against the
 accepted input schema before anything is sent (the dispatcher already checked them
 against the catalogue contract's), structured results against the accepted output
 schema.
 
-**Outcomes.** Failing to start or reach a server (nothing sent) is
-``ToolRetryable``. A timeout, a server that dies mid-call, an answer that breaks the
-protocol or the output schema (the call may have had its effect) is
-``ToolRetryable`` for an ``idempotent`` contract and ``ToolUnknown`` for any other,
-which the dispatcher records with the contract's recovery procedure. A JSON-RPC
+**Unplaced tools.** With ``unplaced=True`` (the ``MCP_SERVERS`` gate of
+:func:`adapters.registry.tool_registry`) the adapter also runs the catalogue tools that
+name no ``upstream``, on the configured server where a tool of the same name was
+accepted as that catalogue tool; until one is, such a tool is quarantined like any
+other upstream tool. Adapters before it in a registry (the in-process tools) keep
+the tools they hold.
+
+**Outcomes.** Failing to start or reach a server, or finding that it shows another
+definition of the tool (nothing sent), is ``ToolRetryable``. A timeout, a server
+that dies mid-call, an answer that breaks the protocol or the output schema (the
+call may have had its effect) is ``ToolRetryable`` for a ``read`` contract and
+``ToolUnknown`` for any tool that changes the world, idempotent or not: only a
+lookup can say it did not happen, and the budget it reserved stays held until then. A JSON-RPC
 refusal of the call (unknown tool, invalid parameters) and a tool error
 (``isError``) are ``ToolRefused``. Error text quotes no tool output or server
 message beyond a tool error's own text, which stays on the outcome only.
@@ -65,7 +80,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, TextIO
@@ -86,13 +101,14 @@ from pydantic import ValidationError
 from referencing import Registry
 
 from adapters.mcp.config import ServerSpec, UpstreamConfigError, UpstreamUnavailable
+from adapters.mcp.definitions import tool_definition
 from adapters.mcp.pins import record_listing
 from gateway.dispatch.registry import require_catalogue_names
-from gateway.dispatch.transport import CallContext
-from gateway.errors import cut, quote
-from gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from gateway.dispatch.transport import CallContext, DefinitionChanged
+from gateway.errors import InvalidInput, cut, quote
+from gateway.model.contracts import Catalogue, Mode, ToolContract
 from gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
-from gateway.state.records import PinRecord
+from gateway.state.records import PinRecord, PinStatus, definition_digest
 from gateway.state.store import Store
 from gateway.version import __version__
 
@@ -116,6 +132,15 @@ class _NotSent(Exception):
     """The call never left: the server could not be started or reached."""
 
 
+class _Changed(Exception):
+    """The call never left: the server's listing shows another definition of the tool
+    than the one the call was to run under (or no longer lists it)."""
+
+
+#: What a connection's digests say of a tool its server does not list.
+_NOT_LISTED: Final = "not listed"
+
+
 @dataclass(eq=False)
 class _Connection:
     """One server's session, owned by one task in the loop."""
@@ -128,6 +153,23 @@ class _Connection:
     client: Client | None = None
     error: str | None = None
     alive: bool = False
+    #: The digest of each tool's definition in the server's last listing on this
+    #: connection, by upstream tool name.
+    definitions: dict[str, str] = field(default_factory=dict)
+    #: Set while ``definitions`` is the server's latest listing; replaced by an unset
+    #: event when the server says its list changed, until the new one is read. Calls
+    #: on the connection wait for it: nothing is sent under a listing known stale.
+    current: anyio.Event = field(default_factory=anyio.Event)
+    #: How many times the server said its list changed; a listing begun before the
+    #: last of them does not make ``definitions`` current.
+    changes: int = 0
+
+    def stale(self) -> None:
+        """The server's list changed: hold calls until it is read again."""
+        self.changes += 1
+        self.relist.set()
+        if self.current.is_set():
+            self.current = anyio.Event()
 
 
 class _Loop:
@@ -192,7 +234,9 @@ class McpTools:
     starting a server and its handshake. A server's stderr goes to ``errlog``
     (default: discarded). ``mode="legacy"`` skips the 2026-07-28 ``server/discover``
     probe and always uses the ``initialize`` handshake (for a server whose probe
-    misbehaves). Close it (or use it as a context manager) to stop the
+    misbehaves). With ``unplaced``, the catalogue tools that name no ``upstream`` run
+    here too, on the server where a tool of their name was accepted as them (see the
+    module doc). Close it (or use it as a context manager) to stop the
     servers; at interpreter exit every open McpTools is closed.
     """
 
@@ -206,6 +250,7 @@ class McpTools:
         connect_timeout: float = 15.0,
         errlog: TextIO | None = None,
         mode: str = "auto",
+        unplaced: bool = False,
     ) -> None:
         self.servers: dict[str, ServerSpec] = {}
         for spec in servers:
@@ -230,9 +275,11 @@ class McpTools:
         self._errlog = errlog
         self._targets: dict[str, ToolContract] = {}
         if catalogue is not None:
-            for contract in catalogue.upstream_tools().values():
-                assert contract.upstream is not None
-                if contract.upstream.server in self.servers:
+            for contract in catalogue.tools.values():
+                upstream = contract.upstream
+                if (upstream is None and unplaced and self.servers) or (
+                    upstream is not None and upstream.server in self.servers
+                ):
                     self._targets[contract.name] = contract
                     self._targets[contract.dispatch_action] = contract
             require_catalogue_names(self._targets, catalogue.runnable_names())
@@ -261,30 +308,35 @@ class McpTools:
     def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
         """Call the tool on its server under its accepted definition; see the module doc."""
         contract = self._targets[name]
-        upstream = contract.upstream
-        assert upstream is not None
         pin = self._pin_for(name, context.operation_id)
         definition = pin.accepted_definition if pin is not None else None
         if pin is None or definition is None or pin.catalogue_tool != contract.name:
             raise ToolRefused(
-                f"tool {upstream.tool!r} of server {upstream.server!r} has no definition "
-                f"accepted as {contract.name!r}; nothing was sent"
+                f"tool {contract.name!r} has no upstream definition accepted as it; "
+                "nothing was sent"
             )
+        server, tool = pin.server, pin.tool
         problem = _schema_problem(definition.get("inputSchema"), dict(params))
         if problem is not None:
             raise ToolRefused(
-                f"the arguments do not fit the accepted input schema of tool {upstream.tool!r} "
-                f"of server {upstream.server!r} ({problem}); nothing was sent"
+                f"the arguments do not fit the accepted input schema of tool {tool!r} "
+                f"of server {server!r} ({problem}); nothing was sent"
             )
         meta = {IDEMPOTENCY_META_KEY: context.idempotency_key} if context.idempotency_key else None
-        bound = self.connect_timeout + self.call_timeout + 1.0
+        bound = self.connect_timeout + 2 * self.call_timeout + 1.0
         try:
-            future = self._submit(self._call, upstream.server, upstream.tool, dict(params), meta)
+            future = self._submit(self._call, server, tool, dict(params), meta, pin.accepted_digest)
             result: types.CallToolResult = future.result(bound)
         except _NotSent as exc:
             raise ToolRetryable(
-                f"server {upstream.server!r} could not be reached ({exc}); nothing was sent",
+                f"server {server!r} could not be reached or listed ({exc}); nothing was sent",
                 retry_after_seconds=5,
+            ) from None
+        except _Changed:
+            raise ToolRetryable(
+                f"server {server!r} now shows a definition of tool {tool!r} other than the "
+                "accepted one; nothing was sent, and the tool is quarantined until a person "
+                "reviews the new definition"
             ) from None
         except (TimeoutError, concurrent.futures.TimeoutError):
             future.cancel()
@@ -292,10 +344,10 @@ class McpTools:
         except MCPError as exc:
             if exc.code in _REFUSED_CODES:
                 raise ToolRefused(
-                    f"server {upstream.server!r} refused the call (JSON-RPC error {exc.code})"
+                    f"server {server!r} refused the call (JSON-RPC error {exc.code})"
                 ) from None
             if exc.code == types.CONNECTION_CLOSED:
-                self._drop(upstream.server)
+                self._drop(server)
                 self._after_send(contract, "the server closed the connection during the call")
             self._after_send(contract, f"the server answered JSON-RPC error {exc.code}")
         except ValidationError:
@@ -309,17 +361,46 @@ class McpTools:
             self._after_send(contract, f"the call failed ({type(exc).__name__})")
         return self._result(contract, definition, result)
 
+    def quarantined(self, names: Collection[str], pins: Sequence[PinRecord]) -> set[str]:
+        """Those of ``names`` whose pin is not accepted as that very catalogue tool (for
+        an unplaced tool: no configured server has one accepted as it)."""
+        quarantined = set()
+        for name in names:
+            contract = self._targets.get(name)
+            pin = self._placed_pin(contract, pins) if contract is not None else None
+            if (
+                contract is None
+                or pin is None
+                or pin.status is not PinStatus.ACCEPTED
+                or pin.catalogue_tool != contract.name
+            ):
+                quarantined.add(name)
+        return quarantined
+
     def definition_digest(self, name: str, operation_id: str | None = None) -> str | None:
         """The digest of the accepted definition ``name`` runs under, or None.
 
-        Given an operation id, that definition is pinned for the operation: its run
-        uses exactly it, even if a person accepts another version meanwhile.
+        Connects to the tool's server if no session is open (its listing is read and
+        recorded on connecting) and compares what the server shows now with the
+        accepted definition: DefinitionChanged if they differ, or if the server no
+        longer lists the tool. A server that cannot be reached is not compared here
+        (the run checks again, and cannot send without a session). Given an operation
+        id, that definition is pinned for the operation: its run uses exactly it, even
+        if a person accepts another version meanwhile.
         """
         contract = self._targets.get(name)
-        if contract is None or contract.upstream is None:
+        if contract is None:
             return None
         pin = self._read_pin(contract)
-        if operation_id is not None and pin is not None:
+        if pin is None or pin.accepted_digest is None:
+            return None
+        shown = self._shown(pin.server, pin.tool)
+        if shown is not None and shown != pin.accepted_digest:
+            raise DefinitionChanged(
+                f"server {pin.server!r} shows a definition of tool {pin.tool!r} other than "
+                "the accepted one"
+            )
+        if operation_id is not None:
             with self._lock:
                 self._pinned[operation_id] = (name, pin)
                 self._pinned.move_to_end(operation_id)
@@ -394,9 +475,46 @@ class McpTools:
 
     def _read_pin(self, contract: ToolContract) -> PinRecord | None:
         upstream = contract.upstream
-        assert upstream is not None
         with self.store.transaction(read_only=True) as tx:
-            return tx.get_pin(upstream.server, upstream.tool)
+            if upstream is not None:
+                return tx.get_pin(upstream.server, upstream.tool)
+            return self._placed_pin(contract, tx.pins())
+
+    def _placed_pin(self, contract: ToolContract, pins: Sequence[PinRecord]) -> PinRecord | None:
+        """The pin a catalogue tool runs under: its ``upstream``'s, whatever its status;
+        for an unplaced tool, the one pin of a configured server's tool of its name
+        accepted as it (none, or one on each of two servers: no placement)."""
+        upstream = contract.upstream
+        if upstream is not None:
+            return next(
+                (p for p in pins if (p.server, p.tool) == (upstream.server, upstream.tool)), None
+            )
+        placed = [
+            pin
+            for pin in pins
+            if pin.server in self.servers
+            and pin.tool == contract.name
+            and pin.catalogue_tool == contract.name
+            and pin.accepted_digest is not None
+        ]
+        return placed[0] if len(placed) == 1 else None
+
+    def _shown(self, server_id: str, tool: str) -> str | None:
+        """The digest of ``tool`` in the server's latest listing (connecting first if
+        need be), :data:`_NOT_LISTED` if it lists no such tool, None if it could not
+        be told (no session, or no current listing within the bounds)."""
+        if server_id not in self.servers:
+            return None
+        bound = self.connect_timeout + self.call_timeout + 1.0
+        try:
+            shown: str = self._submit(self._current_digest, server_id, tool).result(bound)
+        except (_NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
+            log.info("server=%s: no listing to compare before the call (%s)", server_id, _why(exc))
+            return None
+        except Exception as exc:
+            log.warning("server=%s: listing not compared (%s)", server_id, _why(exc))
+            return None
+        return shown
 
     def _pin_for(self, name: str, operation_id: str) -> PinRecord | None:
         with self._lock:
@@ -406,9 +524,13 @@ class McpTools:
         return self._read_pin(self._targets[name])
 
     def _after_send(self, contract: ToolContract, why: str) -> NoReturn:
-        """The call may have had its effect: retryable only when repeating is harmless."""
-        if contract.idempotency is Idempotency.IDEMPOTENT:
-            raise ToolRetryable(f"{why}; the call may be repeated safely", retry_after_seconds=1)
+        """The call may have had its effect: retryable only for a read, which has none.
+
+        A tool that changes the world is unknown even when repeating it is harmless:
+        retryable would say nothing happened, and release the budget of an effect
+        that may have taken place."""
+        if contract.mode is Mode.READ:
+            raise ToolRetryable(f"{why}; a read may be repeated", retry_after_seconds=1)
         raise ToolUnknown(f"{why}; the call may or may not have had its effect")
 
     def _result(
@@ -441,26 +563,50 @@ class McpTools:
     # -- inside the event loop -------------------------------------------------------------
 
     async def _call(
-        self, server_id: str, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None
+        self,
+        server_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        accepted: str | None,
     ) -> types.CallToolResult:
-        client = await self._connected(server_id)
+        connection = await self._connected(server_id)
+        # Checked in the loop, with no await between the check and the request: what
+        # the connection last listed is what this call is sent under.
+        if await self._listed(connection, tool) != accepted:
+            raise _Changed
+        client = connection.client
+        assert client is not None
         with anyio.fail_after(self.call_timeout):
             return await client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
 
-    async def _discover(self, server_id: str) -> list[dict[str, Any]]:
-        client = await self._connected(server_id)
-        tools = await self._list(client)
-        await anyio.to_thread.run_sync(self._record, server_id, tools, "capgate mcp discover")
-        return tools
+    async def _current_digest(self, server_id: str, tool: str) -> str:
+        return await self._listed(await self._connected(server_id), tool)
 
-    async def _connected(self, server_id: str) -> Client:
+    async def _listed(self, connection: _Connection, tool: str) -> str:
+        """The digest of ``tool`` in the connection's listing once it is current
+        (:data:`_NOT_LISTED` if the server does not list it); _NotSent if no current
+        listing is read within the call timeout."""
+        with anyio.move_on_after(self.call_timeout):
+            while not connection.current.is_set():
+                await connection.current.wait()
+        if not connection.current.is_set() or not connection.alive:
+            raise _NotSent("the server's changed tool list could not be read again")
+        return connection.definitions.get(tool, _NOT_LISTED)
+
+    async def _discover(self, server_id: str) -> list[dict[str, Any]]:
+        connection = await self._connected(server_id)
+        assert connection.client is not None
+        return await self._relist(connection, connection.client, "capgate mcp discover")
+
+    async def _connected(self, server_id: str) -> _Connection:
         """The server's live session, started now if there is none (bounded)."""
         lock = self._connecting.setdefault(server_id, anyio.Lock())
         async with lock:
             connection = self._connections.get(server_id)
             if connection is not None and connection.alive and connection.client is not None:
                 if not _closed(connection.client):
-                    return connection.client
+                    return connection
                 connection.stop.set()  # the server went away between calls: start anew
             connection = _Connection(self.servers[server_id])
             self._connections[server_id] = connection
@@ -475,7 +621,7 @@ class McpTools:
                 connection.stop.set()
                 self._connections.pop(server_id, None)
                 raise _NotSent(connection.error or f"no session within {self.connect_timeout:g}s")
-            return connection.client
+            return connection
 
     async def _serve(self, connection: _Connection) -> None:
         """Hold one server's session open until told to stop; never raises."""
@@ -491,9 +637,9 @@ class McpTools:
                         mode=self.mode,
                     )
                     await stack.enter_async_context(client)
-                    with anyio.fail_after(self.call_timeout):
-                        tools = await self._list(client)
-                    await anyio.to_thread.run_sync(self._record, spec.id, tools, "adapter")
+                    # Read, recorded and current before the connection is handed out:
+                    # no call goes on a connection whose listing was not checked.
+                    await self._relist(connection, client, "adapter")
                     connection.client, connection.alive = client, True
                     log.info(
                         "connected server=%s transport=%s protocol=%s",
@@ -517,6 +663,7 @@ class McpTools:
         finally:
             connection.alive = False
             connection.ready.set()
+            connection.current.set()  # wakes calls waiting on it: they find it dead
             if self._connections.get(spec.id) is connection:
                 del self._connections[spec.id]
 
@@ -543,7 +690,7 @@ class McpTools:
     def _on_message(self, connection: _Connection) -> Any:
         async def handle(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
-                connection.relist.set()
+                connection.stale()
             elif isinstance(message, Exception):  # a transport fault: its type only
                 log.debug("server=%s transport: %s", connection.spec.id, type(message).__name__)
 
@@ -561,10 +708,10 @@ class McpTools:
             try:
                 async with client.listen(tools_list_changed=True) as subscription:
                     async for _event in subscription:
-                        connection.relist.set()
+                        connection.stale()
             except Exception as exc:
                 log.debug("server=%s listen ended: %s", connection.spec.id, type(exc).__name__)
-            connection.relist.set()
+            connection.stale()
             await anyio.sleep(1.0)
 
     async def _relister(self, connection: _Connection, client: Client) -> None:
@@ -572,11 +719,26 @@ class McpTools:
             await connection.relist.wait()
             connection.relist = anyio.Event()
             try:
-                with anyio.fail_after(self.call_timeout):
-                    tools = await self._list(client)
-                await anyio.to_thread.run_sync(self._record, connection.spec.id, tools, "adapter")
+                await self._relist(connection, client, "adapter")
             except Exception as exc:
+                # Calls wait for a current listing that will not come: end the session,
+                # so they fail as not sent and the next call connects and lists anew.
                 log.warning("server=%s re-list failed: %s", connection.spec.id, _why(exc))
+                connection.stop.set()
+
+    async def _relist(
+        self, connection: _Connection, client: Client, source: str
+    ) -> list[dict[str, Any]]:
+        """List the server's tools, record the listing, and make it the connection's
+        current one unless the server said its list changed again meanwhile."""
+        changes = connection.changes
+        with anyio.fail_after(self.call_timeout):
+            tools = await self._list(client)
+        await anyio.to_thread.run_sync(self._record, connection.spec.id, tools, source)
+        connection.definitions = _digests(tools)
+        if connection.changes == changes:
+            connection.current.set()
+        return tools
 
     async def _list(self, client: Client) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
@@ -609,6 +771,19 @@ class McpTools:
             for connection in connections:
                 while connection.alive:
                     await anyio.sleep(0.02)
+
+
+def _digests(tools: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The digest of each listed tool's definition, by name, as its pin computes it; a
+    tool that cannot be pinned has none (calls of it are refused as changed)."""
+    digests: dict[str, str] = {}
+    for tool in tools:
+        try:
+            definition = tool_definition(tool)
+        except InvalidInput:
+            continue
+        digests[definition["name"]] = definition_digest(definition)
+    return digests
 
 
 def _closed(client: Client) -> bool:

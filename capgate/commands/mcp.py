@@ -89,7 +89,9 @@ def _mapped(catalogue: Catalogue | None, pin: PinRecord) -> ToolContract | None:
         upstream = contract.upstream
         if upstream is not None and (upstream.server, upstream.tool) == (pin.server, pin.tool):
             return contract
-    return None
+    # An unplaced catalogue tool of the same name runs there once accepted as it.
+    namesake = catalogue.tools.get(pin.tool)
+    return namesake if namesake is not None and namesake.upstream is None else None
 
 
 def _contract_line(contract: ToolContract) -> str:

@@ -88,14 +88,24 @@ def _digest_matches(proposal: ProposalRecord) -> bool:
 
 def _load(
     args: argparse.Namespace, proposal_id: str
-) -> tuple[ProposalRecord, list[ReviewRecord], OperationRecord | None]:
+) -> tuple[ProposalRecord, list[ReviewRecord], OperationRecord | None, dict[str, str]]:
+    """The proposal, its reviews, its operation, and the status now of each operation
+    it had the content of when proposed (its unsettled twins)."""
     with opened_store(args) as store, store.transaction(read_only=True) as tx:
         proposal = tx.get_proposal(proposal_id)
         if proposal is None:
             raise UnknownProposal(proposal_id)
         reviews = tx.reviews(proposal_id)
         operation = tx.get_operation(proposal.tenant, proposal.operation_id)
-    return proposal, reviews, operation
+        twins = {}
+        for twin_id in proposal.unsettled_twins:
+            twin = tx.get_operation(proposal.tenant, twin_id)
+            twins[twin_id] = (
+                "gone"
+                if twin is None
+                else str((twin.outcome or {}).get("status", twin.status.value))
+            )
+    return proposal, reviews, operation, twins
 
 
 # -- list ------------------------------------------------------------------------------------
@@ -124,7 +134,10 @@ def _list(args: argparse.Namespace) -> int:
                 p.tool,
                 f"{p.proposer.agent}/{p.proposer.role}",
                 when(p.created_at, seconds=True),
-                safe(", ".join(p.reason_codes)) or "-",
+                safe(", ".join(p.reason_codes))
+                or ("same content as unsettled " + ", ".join(p.unsettled_twins))
+                if p.reason_codes or p.unsettled_twins
+                else "-",
             ]
             for p in proposals
         ],
@@ -150,7 +163,7 @@ def _review_line(review: ReviewRecord, now: datetime) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     proposal_id = identifier(args.proposal, "PROPOSAL")
-    proposal, reviews, operation = _load(args, proposal_id)
+    proposal, reviews, operation, twins = _load(args, proposal_id)
     matches = _digest_matches(proposal)
     if args.json:
         print_json(
@@ -159,6 +172,7 @@ def _show(args: argparse.Namespace) -> int:
                 "digest_matches_params": matches,
                 "reviews": [r.model_dump(mode="json") for r in reviews],
                 "operation": None if operation is None else operation.model_dump(mode="json"),
+                "unsettled_twins": twins,
             }
         )
         return EXIT_OK
@@ -190,6 +204,12 @@ def _show(args: argparse.Namespace) -> int:
     print(f"proposal {p.id}")
     for name, value in fields:
         print(f"  {name + ':':<13}{value}")
+    if twins:
+        print(
+            "  WARNING:     when proposed, operation(s) with exactly this content had no "
+            "settled outcome; approving may do it twice. Now: "
+            + ", ".join(f"{twin_id} {safe(status)}" for twin_id, status in twins.items())
+        )
     print("  parameters, exactly as they will be sent (JSON values):")
     for name in sorted(p.params):
         print(f"    {safe(name)}: {shown(p.params[name])}")

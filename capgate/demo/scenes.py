@@ -13,32 +13,36 @@ oracle-grove runs twice: in-process, then with the oracle served by an MCP serve
 (``python -m capgate.demo.oracle_server``, the same oracle function), whose tool
 definition a reviewer accepts first. The second run must draw the byte-identical
 omen and record the same events (decisions, outcomes, ledger rows) as the first.
-With ``MCP_ORACLE=1`` the first run is over MCP too.
+The first run takes its registry from the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate
+(:func:`adapters.registry.tool_registry`): with either set, it runs the oracle tool of
+the gate's servers instead of the in-process one, the catalogue leaving it unplaced.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.in_process import InProcessTools
-from adapters.mcp.config import servers_from_env
+from adapters.mcp.config import MCP_ORACLE_ENV, MCP_SERVERS_ENV, servers_from_env
 from adapters.mcp.pins import accept_definition
+from adapters.registry import tool_registry
 from capgate.demo import demo_catalogue_dir
-from capgate.demo.oracle_server import ORACLE_SERVER_ID, oracle_server_spec
+from capgate.demo.oracle_server import oracle_server_spec
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.catalogue import load_catalogue
 from gateway.dispatch.dispatcher import DecisionEvent
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import CapabilityViolation
-from gateway.model.contracts import Catalogue, UpstreamRef
+from gateway.model.contracts import Catalogue
 from gateway.model.decisions import ComposeDecision
 from gateway.model.facts import ConnectionStatus, Principal
 from gateway.model.outcomes import OutcomeStatus
@@ -171,43 +175,38 @@ def _row_key(row: LedgerRow) -> tuple[Any, ...]:
             tuple(row.reason_codes), sorted(detail.items()))  # fmt: skip
 
 
-def _oracle_over_mcp(catalogue: Catalogue) -> Catalogue:
-    """The oracle-grove catalogue with its oracle served by the oracle MCP server."""
-    oracle = catalogue.tools["oracle"].model_copy(
-        update={"upstream": UpstreamRef(server=ORACLE_SERVER_ID, tool="oracle")}
-    )
-    return Catalogue.model_validate(
-        {**catalogue.model_dump(), "tools": {**catalogue.model_dump()["tools"],
-                                             "oracle": oracle.model_dump()}}
-    )  # fmt: skip
-
-
 def run_oracle_grove(out: TextIO = sys.stdout, *, over_mcp: bool = False) -> tuple[int, OracleRun]:
     """One oracle-grove run, in-process or over MCP; its exit status and what it did."""
     trace = _Trace(out)
-    run = _oracle_grove(trace, over_mcp=over_mcp)
+    run = _oracle_grove(trace, {MCP_ORACLE_ENV: "1"} if over_mcp else {})
     return (1 if trace.failures else 0), run
 
 
-def _oracle_grove(trace: _Trace, *, over_mcp: bool = False) -> OracleRun:
-    transport = "over MCP (python -m capgate.demo.oracle_server)" if over_mcp else "in-process"
+def _oracle_grove(trace: _Trace, gate: Mapping[str, str]) -> OracleRun:
+    """oracle-grove with the registry the gate ``gate`` (an environment) gives: the
+    in-process oracle, or, with MCP_SERVERS or MCP_ORACLE set, the oracle tool of the
+    gate's servers (the catalogue leaves it unplaced), accepted by a reviewer first."""
+    servers = servers_from_env(gate, oracle=oracle_server_spec())
+    over_mcp = bool(servers)
+    transport = (
+        f"over MCP (server {', '.join(repr(server.id) for server in servers)})"
+        if over_mcp
+        else "in-process"
+    )
     trace.say(f"== oracle-grove {transport}: a tool-using agent beside a tool-less one ==")
     catalogue = load_catalogue(demo_catalogue_dir("oracle-grove"))
     closers: list[Callable[[], None]] = []
 
     def tools(store: Store) -> ToolRegistry:
+        local = InProcessTools()
         if not over_mcp:
-            in_process = InProcessTools()
-            in_process.register("oracle", ORACLE_DESCRIPTION, oracle)
-            return ToolRegistry(in_process)
-        from adapters.mcp.tools import McpTools
-
-        mcp = McpTools(catalogue, [oracle_server_spec()], store, connect_timeout=30.0)
-        closers.append(mcp.close)
-        return ToolRegistry(mcp)
-
-    if over_mcp:
-        catalogue = _oracle_over_mcp(catalogue)
+            local.register("oracle", ORACLE_DESCRIPTION, oracle)
+        servers_open = ExitStack()
+        closers.append(servers_open.close)
+        return servers_open.enter_context(
+            tool_registry(catalogue, store, local, environ=gate, oracle=oracle_server_spec(),
+                          connect_timeout=30.0)
+        )  # fmt: skip
 
     def seed(tx: Any) -> None:
         tx.put_tenant("grove", budget_class="standard", budget_limit=None)
@@ -254,18 +253,19 @@ def _review_oracle_definition(trace: _Trace, gateway: Gateway, teller: AgentRequ
         "before review the oracle is hidden: tool_quarantined (no definition accepted)",
     )
     adapter = gateway.dispatcher.registry.adapter_for("oracle")
-    listing = adapter.discover([ORACLE_SERVER_ID])  # type: ignore[union-attr]
+    listings = adapter.discover()  # type: ignore[union-attr]
     with gateway.store.transaction(read_only=True) as tx:
-        pending = tx.get_pin(ORACLE_SERVER_ID, "oracle")
+        shown = [tx.get_pin(server, "oracle") for server in listings]
+    pending = next((pin for pin in shown if pin is not None and pin.observed_digest), None)
     if pending is None:
-        trace.expect(False, "the oracle server lists its oracle tool")
+        trace.expect(False, f"a server of the gate ({', '.join(listings)}) lists an oracle tool")
         return
     trace.say(
-        f"    discovered {len(listing[ORACLE_SERVER_ID])} tool(s) on server "
-        f"{ORACLE_SERVER_ID!r}: oracle is {pending.status.value}, {pending.observed_digest}"
+        f"    discovered {len(listings[pending.server])} tool(s) on server "
+        f"{pending.server!r}: oracle is {pending.status.value}, {pending.observed_digest}"
     )
     pin = accept_definition(
-        gateway.store, gateway.catalogue, ORACLE_SERVER_ID, "oracle",
+        gateway.store, gateway.catalogue, pending.server, "oracle",
         as_tool="oracle", digest=pending.observed_digest, by="demo-reviewer",
     )  # fmt: skip
     trace.expect(pin.status.value == "accepted", "accepted as catalogue tool oracle")
@@ -306,16 +306,18 @@ def mcp_installed() -> bool:
 def _oracle_scenes(trace: _Trace) -> None:
     """oracle-grove in-process (or over MCP with MCP_ORACLE=1), then over MCP: the
     same omen, the same events."""
-    gate = servers_from_env(oracle=oracle_server_spec())
-    first_over_mcp = any(s.id == ORACLE_SERVER_ID for s in gate)
-    first = _oracle_grove(trace, over_mcp=first_over_mcp)
+    gate = {
+        name: os.environ[name] for name in (MCP_SERVERS_ENV, MCP_ORACLE_ENV) if name in os.environ
+    }
+    first_over_mcp = bool(servers_from_env(gate, oracle=oracle_server_spec()))
+    first = _oracle_grove(trace, gate)
     first_mode = "first MCP run's" if first_over_mcp else "in-process one"
     trace.say("")
     if not mcp_installed():
         trace.say("== oracle-grove over MCP: skipped, the mcp extra is not installed "
                   "(pip install 'capgate[mcp]') ==")  # fmt: skip
         return
-    second = _oracle_grove(trace, over_mcp=True)
+    second = _oracle_grove(trace, {MCP_ORACLE_ENV: "1"})
     trace.expect(
         second.omen is not None and second.omen == first.omen,
         f"the omen drawn over MCP is the {first_mode}, byte for byte: {second.omen!r}",

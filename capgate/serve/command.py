@@ -7,10 +7,13 @@ installed (and says so when ``serve`` is asked for).
 The order of start-up is the order of what can be wrong: the configuration (and the
 entry points it names), the catalogue, the store (never created here: a mistyped
 path is an error), every binding's tenant in that store, the upstream MCP servers'
-adapter (:class:`adapters.mcp.McpTools`, when ``upstreams`` names any), then OPA (embedded, started
-from the main thread so it dies with this process, or ``--opa``/``$CAPGATE_OPA_URL``),
-and only then the transport. Operations a previous process left running are
-reconciled first (``Gateway.reconcile``).
+adapter (:class:`adapters.mcp.McpTools`, when ``upstreams`` names any, or else the
+``MCP_SERVERS`` / ``MCP_ORACLE`` gate), then OPA (embedded, started from the main
+thread so it dies with this process, or ``--opa``/``$CAPGATE_OPA_URL``), and only
+then the transport. Operations a previous process left running are reconciled
+first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it serves
+(:class:`gateway.service.recovery.Reconciler`): unknown outcomes are looked up
+then, whether or not any agent calls again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from adapters.mcp.config import MCP_ORACLE_ENV, MCP_SERVERS_ENV, ServerSpec, servers_from_env
 from capgate.commands.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -33,12 +37,14 @@ from capgate.commands.common import (
     exit_codes,
     opened_store,
 )
+from capgate.demo.oracle_server import oracle_server_spec
 from capgate.serve.config import ConfigError, ServeConfig, bindings_of, load_config
 from gateway.catalogue import load_catalogue
 from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import InvalidInput
 from gateway.opa.sidecar import PolicySidecar
 from gateway.service.gateway import Gateway
+from gateway.service.recovery import Reconciler
 from gateway.state.errors import UnknownTenant
 
 if TYPE_CHECKING:
@@ -139,6 +145,22 @@ def _logging(level: str) -> None:
     root.setLevel(min(number, logging.WARNING))
 
 
+def _upstreams(config: ServeConfig) -> list[ServerSpec]:
+    """The configuration's ``upstreams``; without them, the ``MCP_SERVERS`` /
+    ``MCP_ORACLE`` gate of the environment, as the library's default registry reads it."""
+    configured = config.upstream_servers()
+    if configured or config.upstreams is not None:
+        return configured
+    gate = servers_from_env(oracle=oracle_server_spec())
+    if gate:
+        print(
+            f"capgate serve: upstream MCP servers from ${MCP_SERVERS_ENV} / "
+            f"${MCP_ORACLE_ENV}: {', '.join(server.id for server in gate)}",
+            file=sys.stderr,
+        )
+    return gate
+
+
 def _check_bindings(config: ServeConfig, args: argparse.Namespace) -> None:
     if args.http is None and config.stdio is None:
         raise ConfigError(f"{args.config}: no 'stdio' binding, which --stdio needs")
@@ -160,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     _check_bindings(config, args)
     address = parse_listen_address(args.http) if args.http is not None else None
     registry = ToolRegistry(*config.adapters())
-    upstreams = config.upstream_servers()
+    upstreams = _upstreams(config)
     credentials = config.credential_resolver()
     catalogue = load_catalogue(args.catalogue)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -175,10 +197,13 @@ def run(args: argparse.Namespace) -> int:
             if upstreams:  # servers start at their first call, and stop with this command
                 from adapters.mcp import McpTools
 
-                registry.attach(stack.enter_context(McpTools(catalogue, upstreams, store)))
+                registry.attach(
+                    stack.enter_context(McpTools(catalogue, upstreams, store, unplaced=True))
+                )
             sidecar = stack.enter_context(PolicySidecar(catalogue, opa_url=args.opa))
             gateway = Gateway(catalogue, sidecar.client, registry, store, credentials=credentials)
             gateway.reconcile()
+            stack.enter_context(Reconciler(gateway, config.reconcile_seconds))
             if sock is None:
                 return _serve_stdio(gateway, config)
             return _serve_http(gateway, config, sock)

@@ -27,7 +27,9 @@ naming where. ``tools`` (one entry point or a list) names ``module:attribute``
 objects whose ``tools()`` returns an :class:`~gateway.dispatch.transport.Adapter`;
 they are imported and called, so the file is as trusted as code: it is refused when
 others than its owner may write it. ``upstreams`` (optional) names MCP servers in the
-``MCP_SERVERS`` syntax of :mod:`adapters.mcp.config`, whose tools the catalogue maps.
+``MCP_SERVERS`` syntax of :mod:`adapters.mcp.config`, whose tools the catalogue maps
+(not given: the ``MCP_SERVERS`` gate of the environment); ``reconcile_seconds`` how
+often unknown outcomes are looked up while serving.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from gateway.dispatch.transport import Adapter
 from gateway.errors import CapgateError, InvalidInput, quote
 from gateway.model.facts import Identifier
 from gateway.service.credentials import CredentialResolver, EnvironmentCredentials, NoCredentials
+from gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
 from gateway.service.requests import AgentRequest
 
 __all__ = [
@@ -110,7 +113,11 @@ class ServeConfig(_Strict):
     tools: list[str] = Field(min_length=1)
     #: Upstream MCP servers, in ``MCP_SERVERS`` syntax (docs/mcp-upstreams.md): their
     #: tools run through :class:`adapters.mcp.McpTools`, after the ``tools`` adapters.
+    #: Not given: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate of the environment.
     upstreams: str | None = None
+    #: How often the gateway reconciles while it serves: operations left running by
+    #: a dead process become unknown, unknown ones are looked up.
+    reconcile_seconds: float = Field(default=DEFAULT_RECONCILE_SECONDS, gt=0, le=86400)
     credentials: str = "environment"
     list_changed_poll_seconds: float = Field(default=DEFAULT_POLL_SECONDS, gt=0, le=3600)
     #: Threads running tool calls (each runs a call to its end) and decisions (lists,

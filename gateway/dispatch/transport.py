@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Adapter", "CallContext", "Secret", "SupportsLookup", "ToolFunction"]
+__all__ = [
+    "Adapter",
+    "CallContext",
+    "DefinitionChanged",
+    "Secret",
+    "SupportsLookup",
+    "ToolFunction",
+]
 
 #: The signature of an in-process tool.
 ToolFunction = Callable[..., Mapping[str, Any]]
@@ -107,3 +114,14 @@ class SupportsLookup(Protocol):
     def lookup(
         self, name: str, operation_id: str, context: CallContext
     ) -> Mapping[str, Any] | None: ...
+
+
+class DefinitionChanged(Exception):
+    """The definition a tool's server shows now is not the one a person accepted.
+
+    Raised by an adapter's ``definition_digest``
+    (:class:`gateway.service.definitions.SupportsDefinitions`) when it finds that out
+    before anything is sent; the gateway then refuses the call as
+    ``tool_quarantined`` (nothing is claimed, reserved or sent), exactly as OPA would
+    have with the new listing in its facts. Never leaves the gateway.
+    """

@@ -66,10 +66,12 @@ class AgentSession:
         """Call ``name`` and return its result dict.
 
         A tool whose calls are reviewed is proposed instead of run: the answer is
-        ``{"proposal_id": ..., "status": "pending_review", "tool": name}`` and the
-        proposal is in ``last_proposal``. ``operation_id`` names the operation (the
-        same id with the same call returns the first outcome); a tool parameter of
-        that name cannot be passed this way: use the gateway directly.
+        ``{"proposal_id": ..., "status": "pending_review", "tool": name}`` (with
+        ``"unsettled_twins"``, the ids of operations of the same content whose outcome
+        is still open, when there are any) and the proposal is in ``last_proposal``.
+        ``operation_id`` names the operation (the same id with the same call returns
+        the first outcome); a tool parameter of that name cannot be passed this way:
+        use the gateway directly.
 
         Raises the gateway's errors for a refused call, and ToolFailed when the tool
         ran but did not succeed (the Outcome, with its recovery hint, is on the
@@ -80,7 +82,14 @@ class AgentSession:
         answer = self.gateway.call(self.request, name, params, operation_id=operation_id)
         if isinstance(answer, ProposalRecord):
             self.last_proposal = answer
-            return {"proposal_id": answer.id, "status": "pending_review", "tool": answer.tool}
+            proposed: dict[str, Any] = {
+                "proposal_id": answer.id,
+                "status": "pending_review",
+                "tool": answer.tool,
+            }
+            if answer.unsettled_twins:  # the same content may already have been acted on
+                proposed["unsettled_twins"] = list(answer.unsettled_twins)
+            return proposed
         self.last_outcome = answer
         if not answer.ok or answer.result is None:
             raise ToolFailed(answer)

@@ -47,10 +47,17 @@ from gateway.dispatch.dispatcher import (
     policy_revision,
 )
 from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Secret, SupportsLookup
+from gateway.dispatch.transport import (
+    Adapter,
+    CallContext,
+    DefinitionChanged,
+    Secret,
+    SupportsLookup,
+)
 from gateway.errors import (
     CapabilityViolation,
     CapgateError,
+    CredentialUnavailable,
     InvalidInput,
     OperationConflict,
     PolicyUnavailable,
@@ -73,14 +80,21 @@ from gateway.model.facts import (
 )
 from gateway.model.outcomes import Outcome, OutcomeStatus
 from gateway.service.credentials import CredentialResolver, NoCredentials
+from gateway.service.definitions import SupportsDefinitions
 from gateway.service.requests import AgentRequest
-from gateway.state.errors import DuplicateOperation, UnknownProposal, UnknownTenant
+from gateway.state.errors import (
+    DuplicateOperation,
+    UnknownOperation,
+    UnknownProposal,
+    UnknownTenant,
+)
 from gateway.state.records import (
     BudgetState,
     ConnectionRecord,
     LedgerEntry,
     OperationRecord,
     OperationStatus,
+    PinRecord,
     PinStatus,
     ProposalRecord,
     ProposalStatus,
@@ -107,6 +121,10 @@ DEFAULT_DUPLICATE_WAIT: Final = 10.0
 
 #: Outcomes after which an operation may be tried again.
 _UNSETTLED: Final = (OutcomeStatus.RETRYABLE, OutcomeStatus.UNKNOWN)
+#: The first wait before a failed lookup is tried again, doubled after each failure
+#: up to the longest; the wait is the stored outcome's ``retry_after_seconds``.
+LOOKUP_RETRY_FIRST: Final = 30.0
+LOOKUP_RETRY_LONGEST: Final = 3600.0
 #: Checks an operation id as the policy input will (see _operation_id).
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
@@ -122,6 +140,8 @@ _REFUSALS: Final = {
     "budget_exhausted": "another call spent the budget first; nothing was run",
     "approval_used": "a concurrent dispatch used the approval first; nothing was sent",
     "proposal_not_approved": "the proposal is no longer approved; nothing was sent",
+    "tool_quarantined": "the tool's server shows a definition other than the accepted one; "
+    "the tool is quarantined until a person reviews it, and nothing was sent",
 }
 
 
@@ -257,6 +277,7 @@ class Gateway:
         self.lease = lease
         self.duplicate_wait = duplicate_wait
         self.dispatcher = Dispatcher(catalogue, policy, registry, observer=observer)
+        self.registry = registry
         self._leases = _Leases(store, lease)
         #: Catalogue tools that run on an MCP server: name -> (server, upstream tool).
         self._upstream = {
@@ -264,6 +285,16 @@ class Gateway:
             for name, contract in sorted(catalogue.tools.items())
             if contract.upstream is not None
         }
+        #: The adapters that run tools only under accepted definitions, with the
+        #: catalogue tools each runs (an MCP adapter may also run the tools the
+        #: catalogue leaves unplaced). Their pins are read with every call's facts, so
+        #: adapters are attached to the registry before the gateway is built.
+        pinned: dict[int, tuple[SupportsDefinitions, list[str]]] = {}
+        for name in sorted(catalogue.tools):
+            holder = registry.adapter_for(name)
+            if isinstance(holder, SupportsDefinitions):
+                pinned.setdefault(id(holder), (holder, []))[1].append(name)
+        self._pinned_adapters = list(pinned.values())
 
     # -- the facts ---------------------------------------------------------------------
 
@@ -300,15 +331,18 @@ class Gateway:
         it now, a person has not accepted as that tool (never discovered, pending,
         changed upstream, no longer listed, or rejected): OPA hides and denies them
         (``tool_quarantined``). Read from the store's pins, never from the caller."""
-        if not self._upstream:
+        if not self._upstream and not self._pinned_adapters:
             return []
-        pins = {(pin.server, pin.tool): pin for pin in tx.pins()}
-        quarantined = []
+        listed = tx.pins()
+        pins = {(pin.server, pin.tool): pin for pin in listed}
+        quarantined = set()
         for name, (server, tool) in self._upstream.items():
             pin = pins.get((server, tool))
             if pin is None or pin.status is not PinStatus.ACCEPTED or pin.catalogue_tool != name:
-                quarantined.append(name)
-        return quarantined
+                quarantined.add(name)
+        for adapter, names in self._pinned_adapters:
+            quarantined |= _adapter_quarantine(adapter, names, listed)
+        return sorted(quarantined)
 
     # -- compose -----------------------------------------------------------------------
 
@@ -435,6 +469,16 @@ class Gateway:
     def _propose(self, authorised: Authorised, request: AgentRequest) -> ProposalRecord:
         contract = authorised.contract
         with self.store.transaction() as tx:
+            # The same content as an operation whose outcome is still open (running, or
+            # unknown until looked up): approving this one may do it a second time. The
+            # proposal says so, to the agent and to its reviewers.
+            twins = [
+                twin
+                for twin in tx.unsettled_twins(
+                    request.tenant, contract.name, authorised.prepared.digest
+                )
+                if twin != authorised.operation_id
+            ]
             proposal = ProposalRecord(
                 id=f"prop-{uuid.uuid4().hex[:20]}",
                 tenant=request.tenant,
@@ -452,6 +496,7 @@ class Gateway:
                 status=ProposalStatus.PENDING,
                 created_at=tx.now,
                 updated_at=tx.now,
+                unsettled_twins=twins,
             )
             # An id some call already used would only collide at dispatch, after a
             # person reviewed the proposal: refuse it now.
@@ -485,7 +530,11 @@ class Gateway:
                     authorised,
                     proposal_id=stored.id,
                     outcome=stored.status.value,
-                    detail={"task": request.task_id, "params_digest": stored.params_digest},
+                    detail={
+                        "task": request.task_id,
+                        "params_digest": stored.params_digest,
+                        **({"unsettled_twins": twins} if twins else {}),
+                    },
                 )
             )
         log.info(
@@ -495,6 +544,13 @@ class Gateway:
             stored.operation_id,
             stored.decision_id,
         )
+        if twins:
+            log.warning(
+                "proposal=%s has the content of unsettled operation(s) %s: approving it may "
+                "repeat what they did",
+                stored.id,
+                ",".join(twins),
+            )
         return stored
 
     # -- review -------------------------------------------------------------------------
@@ -788,7 +844,13 @@ class Gateway:
     ) -> Outcome:
         """Record the intent, run (or look up), record the outcome: see the module doc."""
         account, secret = self._credential(authorised, read.accounts)
-        definition = _definition_digest(authorised)
+        try:
+            # Asked before the claim: a server that changed the tool since its
+            # definition was accepted (restarted, say) is found out by the listing this
+            # makes, and the call is refused with nothing reserved, written or sent.
+            definition = _definition_digest(authorised)
+        except DefinitionChanged:
+            self._refuse(authorised, proposal, "tool_quarantined")
         deadline = time.monotonic() + self.duplicate_wait
         while True:
             try:
@@ -916,9 +978,7 @@ class Gateway:
                     previous = Outcome.model_validate(existing.outcome or {})
                     reserved = False
                 if not self._may_try_again(previous, authorised):
-                    if reserved:  # the dead runner's: settle it as a reconcile would
-                        if existing.reserved:
-                            tx.settle_budget(tenant, existing.task_id, existing.cost, spent=True)
+                    if reserved:  # the dead runner's: unknown, as a reconcile would say
                         tx.update_operation(
                             tenant,
                             op_id,
@@ -926,7 +986,6 @@ class Gateway:
                             outcome=previous.model_dump(mode="json"),
                             attempts=existing.attempts,
                             lease_until=None,
-                            reserved=False,
                         )
                     tx.append(
                         self._entry(
@@ -939,18 +998,17 @@ class Gateway:
                     return previous
                 # One operation, one charge. A retryable outcome cost nothing (its
                 # reservation was released), so this attempt reserves anew. An unknown
-                # one was charged when it was recorded: the attempt that continues it
-                # (looking it up first) reserves nothing, and holds no reservation
-                # for a reconcile to charge again if it dies too. A takeover keeps the
-                # dead runner's reservation, whatever it was.
-                if existing.status is OperationStatus.RUNNING:
-                    holds = existing.reserved
-                elif previous.status is OutcomeStatus.RETRYABLE:
+                # one still holds its reservation until it is settled: the attempt that
+                # continues it (looking it up first) takes that reservation over and
+                # reserves nothing more. So does a takeover of a dead runner. (A store
+                # written before unknown outcomes kept their reservation has them
+                # charged and flagged unreserved: they continue with none.)
+                if previous.status is OutcomeStatus.RETRYABLE:  # a dead runner's is unknown
                     if not tx.reserve_budget(tenant, task_id, cost):
                         raise _Refused("budget_exhausted")
                     holds = True
                 else:
-                    holds = False
+                    holds = existing.reserved
                 operation = tx.update_operation(
                     tenant,
                     op_id,
@@ -1042,8 +1100,6 @@ class Gateway:
         adapter = authorised.adapter
         if not isinstance(adapter, SupportsLookup) or not _can_look_up(authorised):
             return None
-        from gateway.dispatch.transport import CallContext
-
         context = CallContext(
             operation_id=authorised.operation_id,
             idempotency_key=authorised.grant.idempotency_key,
@@ -1081,36 +1137,20 @@ class Gateway:
     ) -> None:
         contract = authorised.contract
         tenant = authorised.request.principal.tenant
-        # An unknown outcome may have cost money: count it. Refused and retryable did not.
-        # An attempt that holds no reservation continues an operation charged before
-        # (an unknown one): it settles nothing, so nothing is charged twice.
-        spent = outcome.status in (OutcomeStatus.SUCCESS, OutcomeStatus.UNKNOWN)
         with self.store.transaction() as tx:
-            # A run that outlasted its lease may have been reconciled meanwhile (its
-            # reservation settled as spent) or taken over by a new attempt. Then this
-            # attempt settles nothing; what it learned is still recorded: over a
-            # reconciled "unknown", and in the ledger in any case.
+            # A run that outlasted its lease may have been reconciled meanwhile (to an
+            # unknown that still holds the reservation, perhaps settled by a lookup
+            # since) or taken over by a new attempt. A taken-over attempt changes
+            # nothing, and a late unknown adds nothing to what the row says; anything
+            # else it learned is written over the row and settles what the row holds.
+            # The ledger records it in every case.
             current = tx.get_operation(tenant, operation.operation_id, for_update=True)
             taken_over = current is None or current.attempts != operation.attempts
             late = taken_over or current is None or current.status is not OperationStatus.RUNNING
-            holds = not late and current is not None and current.reserved
-            if not taken_over:
-                tx.update_operation(
-                    tenant,
-                    operation.operation_id,
-                    status=OperationStatus.DONE,
-                    outcome=outcome.model_dump(mode="json"),
-                    attempts=operation.attempts,
-                    lease_until=None,
-                    reserved=False,
-                )
-            if holds:
-                tx.settle_budget(tenant, task_id, operation.cost, spent=spent)
-            if outcome.status is OutcomeStatus.SUCCESS:
-                for name in contract.produces:
-                    tx.record_evidence(
-                        tenant, task_id, name, source=f"operation:{operation.operation_id}"
-                    )
+            adds = not (late and outcome.status is OutcomeStatus.UNKNOWN)
+            if current is not None and not taken_over and adds:
+                _conclude(tx, current, outcome)
+            _record_produced(tx, contract, tenant, task_id, operation.operation_id, outcome)
             tx.append(
                 self._entry(
                     "outcome",
@@ -1132,68 +1172,216 @@ class Gateway:
     # -- recovery -----------------------------------------------------------------------
 
     def reconcile(self) -> list[OperationRecord]:
-        """Turn operations whose runner died mid-run into ``unknown``; return them.
+        """Settle what crashes and lost answers left open; return the operations changed.
 
-        A ``running`` operation past its lease may or may not have had its effect:
-        its outcome becomes ``unknown`` with the contract's recovery procedure, the
-        budget its attempt reserved (if any) counts as spent, and the ledger records
-        it. The next attempt of the operation looks it up before sending anything.
+        Two passes, each operation in a transaction of its own:
 
-        Each operation is settled in a transaction of its own, and only if it is still
-        running and past its lease once its row is locked: another gateway
-        reconciling at the same time, or a new attempt that took the operation over
-        meanwhile, got there first.
+        1. A ``running`` operation past its lease (its runner died mid-run) may or may
+           not have had its effect: its outcome becomes ``unknown`` with the contract's
+           recovery procedure, its reservation still held, and the ledger says so.
+           Only if it is still running and past its lease once its row is locked:
+           another gateway reconciling at the same time, or a new attempt that took
+           the operation over meanwhile, got there first.
+        2. Every ``unknown`` operation whose wait is over (its outcome's
+           ``retry_after_seconds`` since it was last touched) and whose adapter can look
+           it up is looked up (:meth:`look_up`): nothing is sent, whatever changed
+           since. Those without a lookup stay unknown, for a person to settle.
         """
-        reconciled = []
+        changed: dict[tuple[str, str], OperationRecord] = {}
         with self.store.transaction(read_only=True) as tx:
             candidates = tx.stale_operations()
         for candidate in candidates:
-            with self.store.transaction() as tx:
-                stale = tx.get_operation(candidate.tenant, candidate.operation_id, for_update=True)
-                if (
-                    stale is None
-                    or stale.status is not OperationStatus.RUNNING
-                    or stale.lease_until is None
-                    or stale.lease_until >= tx.now
-                ):
-                    continue
-                contract = self.catalogue.tools.get(stale.tool)
-                outcome = Outcome(
-                    tool=stale.tool,
-                    version=contract.version if contract else 1,
-                    operation_id=stale.operation_id,
-                    status=OutcomeStatus.UNKNOWN,
-                    error="the gateway stopped while the operation ran",
-                    recovery=contract.recovery if contract else "lookup_before_retry",
+            record = self._stop(candidate)
+            if record is not None:
+                changed[(record.tenant, record.operation_id)] = record
+                log.warning(
+                    "reconciled operation=%s tool=%s as unknown", record.operation_id, record.tool
                 )
-                record = tx.update_operation(
-                    stale.tenant,
-                    stale.operation_id,
-                    status=OperationStatus.DONE,
-                    outcome=outcome.model_dump(mode="json"),
-                    attempts=stale.attempts,
-                    lease_until=None,
-                    reserved=False,
-                )
-                if stale.reserved:  # a continuation of an unknown was charged before
-                    tx.settle_budget(stale.tenant, stale.task_id, stale.cost, spent=True)
-                tx.append(
-                    LedgerEntry(
-                        kind="outcome",
-                        tenant=stale.tenant,
-                        tool=stale.tool,
-                        operation_id=stale.operation_id,
-                        outcome=OutcomeStatus.UNKNOWN.value,
-                        reason_codes=["reconciled"],
-                        detail={"attempt": stale.attempts},
-                    )
-                )
-                reconciled.append(record)
-        for record in reconciled:
-            log.warning(
-                "reconciled operation=%s tool=%s as unknown", record.operation_id, record.tool
+        with self.store.transaction(read_only=True) as tx:
+            now = tx.now
+            unsettled = tx.unsettled_operations()
+        for operation in unsettled:
+            if not _lookup_due(operation, now):
+                continue
+            settled = self._look_up(operation, by="reconcile")
+            if settled is not None:
+                changed[(settled.tenant, settled.operation_id)] = settled
+        return list(changed.values())
+
+    def look_up(self, tenant: str, operation_id: str, *, by: str) -> Outcome | None:
+        """Ask the provider what an ``unknown`` operation did, and record the answer.
+
+        Looking up sends nothing and grants nothing, so it needs no allow: it works
+        after the approval expired, the connection was revoked, the contract or the
+        role changed (the likely reactions to an incident), which is when it matters.
+        The adapter's lookup runs with the connection's secret, in the operation's own
+        tenant. What it finds settles the operation: a receipt is the success it
+        stands for (checked like a run's result; the budget it held is spent), no
+        trace means nothing happened (``retryable``; the budget is released, and the
+        operation may be tried again under a new allow). A lookup that fails leaves it
+        unknown and waits longer before the next one. Every lookup is a ledger row
+        (kind ``lookup``, naming ``by``).
+
+        Returns the operation's outcome afterwards (unchanged if it was not unknown,
+        or its adapter has no lookup), or None while it is running. A running
+        operation past its lease is reconciled first. Raises UnknownOperation.
+        """
+        if not isinstance(by, str) or not by:
+            raise InvalidInput("look_up needs who asks (by), a non-empty string")
+        operation = self._operation(tenant, operation_id)
+        if operation is None:
+            raise UnknownOperation(tenant, operation_id)
+        if operation.status is OperationStatus.RUNNING:
+            operation = self._stop(operation) or self._operation(tenant, operation_id)
+            if operation is None or operation.status is OperationStatus.RUNNING:
+                return None
+        settled = self._look_up(operation, by=by) or operation
+        return Outcome.model_validate(settled.outcome or {})
+
+    def _stop(self, candidate: OperationRecord) -> OperationRecord | None:
+        """Reconcile one running operation whose lease is over: unknown, reservation
+        held. None if it is no longer stale once locked."""
+        with self.store.transaction() as tx:
+            stale = tx.get_operation(candidate.tenant, candidate.operation_id, for_update=True)
+            if (
+                stale is None
+                or stale.status is not OperationStatus.RUNNING
+                or stale.lease_until is None
+                or stale.lease_until >= tx.now
+            ):
+                return None
+            contract = self.catalogue.tools.get(stale.tool)
+            outcome = Outcome(
+                tool=stale.tool,
+                version=contract.version if contract else 1,
+                operation_id=stale.operation_id,
+                status=OutcomeStatus.UNKNOWN,
+                error="the gateway stopped while the operation ran",
+                recovery=contract.recovery if contract else "lookup_before_retry",
             )
-        return reconciled
+            record = _conclude(tx, stale, outcome)
+            tx.append(
+                LedgerEntry(
+                    kind="outcome",
+                    tenant=stale.tenant,
+                    tool=stale.tool,
+                    operation_id=stale.operation_id,
+                    outcome=OutcomeStatus.UNKNOWN.value,
+                    reason_codes=["reconciled"],
+                    detail={"attempt": stale.attempts},
+                )
+            )
+        return record
+
+    def _look_up(self, operation: OperationRecord, *, by: str) -> OperationRecord | None:
+        """Look one unknown operation up and record what was found (see look_up).
+
+        None when there was nothing to do: not unknown, no contract or no adapter
+        with a lookup for it, or settled by someone else meanwhile."""
+        previous = Outcome.model_validate(operation.outcome or {})
+        contract = self.catalogue.tools.get(operation.tool)
+        if previous.status is not OutcomeStatus.UNKNOWN or contract is None:
+            return None
+        tenant, operation_id = operation.tenant, operation.operation_id
+        with self.store.transaction(read_only=True) as tx:
+            proposal = tx.proposal_for_operation(tenant, operation_id)
+            connections = tx.connections(tenant)
+        # A dispatched proposal ran its contract's execution action: that is what the
+        # provider knows of.
+        action = proposal.execution_action if proposal is not None else contract.name
+        adapter = self.registry.adapter_for(action)
+        if not _has_lookup(adapter, action):
+            return None
+        assert isinstance(adapter, SupportsLookup)
+        alias = contract.connection_alias
+        failure: str | None = None
+        found: object = None
+        try:
+            secret = self.credentials.resolve(tenant, alias) if alias is not None else None
+        except CredentialUnavailable:
+            failure = "the connection's secret could not be resolved"
+        else:
+            connection = connections.get(alias) if alias is not None else None
+            context = CallContext(
+                operation_id=operation_id,
+                idempotency_key=operation_id
+                if contract.idempotency is Idempotency.IDEMPOTENT_WITH_KEY
+                else None,
+                connection_alias=alias,
+                tenant=tenant,
+                account=connection.account if connection is not None else None,
+                credential=secret,
+            )
+            try:
+                found = adapter.lookup(action, operation_id, context)
+            except Exception as exc:  # never sends: a failed lookup leaves it unknown
+                failure = f"the lookup failed ({type(exc).__name__})"
+        outcome = self._found(contract, previous, found, failure)
+        with self.store.transaction() as tx:
+            current = tx.get_operation(tenant, operation_id, for_update=True)
+            if (
+                current is None
+                or current.status is not OperationStatus.DONE
+                or current.attempts != operation.attempts
+                or Outcome.model_validate(current.outcome or {}).status is not OutcomeStatus.UNKNOWN
+            ):
+                return None  # settled, or taken up again, meanwhile
+            record = _conclude(tx, current, outcome)
+            produced = _record_produced(
+                tx, contract, tenant, current.task_id, operation_id, outcome
+            )
+            tx.append(
+                LedgerEntry(
+                    kind="lookup",
+                    tenant=tenant,
+                    principal=by,
+                    tool=operation.tool,
+                    contract_version=previous.version,
+                    operation_id=operation_id,
+                    proposal_id=proposal.id if proposal is not None else None,
+                    outcome=outcome.status.value,
+                    reason_codes=["lookup_failed"] if failure else [],
+                    detail={
+                        "attempt": current.attempts,
+                        "found": found is not None,
+                        "receipt": outcome.provider_receipt,
+                        "produced": produced,
+                    },
+                )
+            )
+        log.info(
+            "looked up operation=%s by=%s: %s%s",
+            operation_id,
+            by,
+            outcome.status.value,
+            f" ({failure})" if failure else "",
+        )
+        return record
+
+    def _found(
+        self, contract: ToolContract, previous: Outcome, found: object, failure: str | None
+    ) -> Outcome:
+        """The outcome a lookup's answer stands for (see look_up)."""
+        if failure is not None:
+            wait = previous.retry_after_seconds
+            wait = LOOKUP_RETRY_FIRST if not wait else min(wait * 2, LOOKUP_RETRY_LONGEST)
+            return previous.model_copy(
+                update={"error": f"{failure}; nothing was sent", "retry_after_seconds": wait}
+            )
+        if found is None:
+            return previous.model_copy(
+                update={
+                    "status": OutcomeStatus.RETRYABLE,
+                    "error": "looked up: the provider has no trace of this operation, so it "
+                    "did not happen; it may be tried again",
+                    "recovery": None,
+                    "retry_after_seconds": None,
+                }
+            )
+        outcome = self.dispatcher.interpret_found(contract, previous.operation_id, found)
+        return outcome.model_copy(
+            update={"version": previous.version, "decision_id": previous.decision_id}
+        )
 
     # -- operators -----------------------------------------------------------------------
 
@@ -1371,26 +1559,100 @@ def _operation_state(record: OperationRecord | None) -> OperationState:
 
 
 def _definition_digest(authorised: Authorised) -> str | None:
-    """The version of the tool's definition this run uses, when its adapter has one
-    (an MCP server's accepted definition; ``definition_digest(name, operation_id)``,
-    which also pins that version for the run), for the intent and outcome rows."""
-    method = getattr(authorised.adapter, "definition_digest", None)
-    if not callable(method):
+    """The version of the tool's definition this run uses, when its adapter pins
+    definitions (an MCP server's accepted definition, checked against what the server
+    shows now and pinned for the run), for the intent and outcome rows.
+
+    DefinitionChanged passes through: the server shows another definition, and the
+    call must not run. Any other failure of the adapter leaves the rows without it
+    (the adapter checks again before it sends)."""
+    adapter = authorised.adapter
+    if not isinstance(adapter, SupportsDefinitions):
         return None
     try:
-        digest = method(authorised.action, authorised.operation_id)
+        digest = adapter.definition_digest(authorised.action, authorised.operation_id)
+    except DefinitionChanged:
+        raise
     except Exception as exc:  # an adapter that cannot say: the rows go without it
         log.warning("no definition digest for tool=%s (%s)", authorised.action, type(exc).__name__)
         return None
     return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
 
 
-def _can_look_up(authorised: Authorised) -> bool:
-    adapter = authorised.adapter
+def _adapter_quarantine(
+    adapter: SupportsDefinitions, names: list[str], pins: list[PinRecord]
+) -> set[str]:
+    """The tools an adapter says its pins do not let run; all of them if it cannot say
+    (a fact that grants is never assumed)."""
     try:
-        return isinstance(adapter, SupportsLookup) and bool(adapter.has_lookup(authorised.action))
+        found = adapter.quarantined(names, pins)
+    except Exception as exc:
+        log.warning("an adapter could not say which tools are quarantined (%s)", type(exc).__name__)
+        return set(names)
+    return {name for name in found if name in names} if isinstance(found, set) else set(names)
+
+
+def _has_lookup(adapter: Adapter | None, action: str) -> bool:
+    try:
+        return isinstance(adapter, SupportsLookup) and bool(adapter.has_lookup(action))
     except Exception:  # an adapter that cannot say: no lookup
         return False
+
+
+def _can_look_up(authorised: Authorised) -> bool:
+    return _has_lookup(authorised.adapter, authorised.action)
+
+
+def _lookup_due(operation: OperationRecord, now: Any) -> bool:
+    """Whether an unknown operation's wait before its next lookup is over: the stored
+    outcome's ``retry_after_seconds`` (none: at once) since it was last touched."""
+    wait = (operation.outcome or {}).get("retry_after_seconds")
+    if not isinstance(wait, int | float) or isinstance(wait, bool) or wait <= 0:
+        return True
+    return bool(operation.updated_at + timedelta(seconds=float(wait)) <= now)
+
+
+def _conclude(tx: Tx, current: OperationRecord, outcome: Outcome) -> OperationRecord:
+    """Write ``outcome`` over the operation (``current``, locked) and settle its budget.
+
+    One operation, one charge, settled once: success counts its reservation as spent,
+    refused and retryable release it (nothing happened), and unknown keeps holding it
+    until a lookup (or a later attempt) says what happened, so an uncertain payment
+    is never handed back to the budget as if it had not been made.
+    """
+    unknown = outcome.status is OutcomeStatus.UNKNOWN
+    if current.reserved and not unknown:
+        tx.settle_budget(
+            current.tenant,
+            current.task_id,
+            current.cost,
+            spent=outcome.status is OutcomeStatus.SUCCESS,
+        )
+    return tx.update_operation(
+        current.tenant,
+        current.operation_id,
+        status=OperationStatus.DONE,
+        outcome=outcome.model_dump(mode="json"),
+        attempts=current.attempts,
+        lease_until=None,
+        reserved=current.reserved and unknown,
+    )
+
+
+def _record_produced(
+    tx: Tx,
+    contract: ToolContract,
+    tenant: str,
+    task_id: str | None,
+    operation_id: str,
+    outcome: Outcome,
+) -> list[str]:
+    """Record, for the task, the evidence a successful operation produces; its names."""
+    if outcome.status is not OutcomeStatus.SUCCESS or task_id is None:
+        return []
+    for name in contract.produces:
+        tx.record_evidence(tenant, task_id, name, source=f"operation:{operation_id}")
+    return list(contract.produces)
 
 
 def _stopped(operation: OperationRecord, contract: ToolContract) -> Outcome:

@@ -96,6 +96,7 @@ from gateway.state.errors import UnknownConnection, UnknownProposal
 from gateway.state.records import (
     BudgetState,
     LedgerRow,
+    OperationStatus,
     ProposalRecord,
     ProposalStatus,
     ReviewVerdict,
@@ -849,25 +850,39 @@ class LifeCycle:
         return found
 
     def _check_budgets(self, mark: Mark, where: str) -> None:
-        """Nothing reserved between steps; a reservation fits the limit; each operation
-        that ended success or unknown is charged once."""
+        """Each operation is charged once, by what is known of it now: a success has
+        spent its cost, an unknown one still holds its reservation (until a lookup
+        settles it), and nothing else holds or spends anything between steps; a
+        reservation fits the limit."""
         after = self._budgets()
-        charged: dict[tuple[str, str], str] = {}
-        for row in self.store.ledger():
-            if row.kind == "outcome" and row.outcome in ("success", "unknown"):
-                assert row.tenant is not None
-                assert row.operation_id is not None
-                assert row.tool is not None
-                charged[(row.tenant, row.operation_id)] = row.tool
-        tasks: dict[tuple[str, str], str | None] = {}
+        spent: dict[tuple[str, str | None], int] = {}
+        held: dict[tuple[str, str | None], int] = {}
+        operations = {
+            (row.tenant, row.operation_id)
+            for row in self.store.ledger()
+            if row.kind == "intent" and row.tenant is not None and row.operation_id is not None
+        }
         with self.store.transaction(read_only=True) as tx:
-            for tenant, operation_id in charged:
+            for tenant, operation_id in operations:
                 operation = tx.get_operation(tenant, operation_id)
-                assert operation is not None
-                tasks[(tenant, operation_id)] = operation.task_id
+                assert operation is not None, f"{where}operation {operation_id} vanished"
+                assert operation.status is OperationStatus.DONE, (
+                    f"{where}operation {operation_id} is still running between steps"
+                )
+                status = (operation.outcome or {}).get("status")
+                cost = self.lab.catalogue.tools[operation.tool].cost_units
+                into = spent if status == "success" else held if status == "unknown" else None
+                if into is None:
+                    assert not operation.reserved, f"{where}{operation_id} ({status}) holds budget"
+                    continue
+                for key in {(tenant, None), (tenant, operation.task_id)}:
+                    into[key] = into.get(key, 0) + cost
         for (tenant, task), state in after.items():
             whose = f"{tenant}" + (f" task {task}" if task else "")
-            assert state.reserved == 0, f"{where}{state.reserved} units of {whose} still reserved"
+            assert state.reserved == held.get((tenant, task), 0), (
+                f"{where}{state.reserved} units of {whose} reserved, "
+                f"{held.get((tenant, task), 0)} held by unknown outcomes"
+            )
             used = state.spent + state.reserved
             before = mark.budgets.get((tenant, task))
             if before is not None and used > before.spent + before.reserved:
@@ -875,11 +890,7 @@ class LifeCycle:
                     f"{where}{whose} spent {state.spent} + reserved {state.reserved} "
                     f"past its limit {state.limit}"
                 )
-            cost = sum(
-                self.lab.catalogue.tools[tool].cost_units
-                for key, tool in charged.items()
-                if key[0] == tenant and (task is None or tasks[key] == task)
-            )
+            cost = spent.get((tenant, task), 0)
             assert state.spent == cost, f"{where}{whose} spent {state.spent}, charged {cost}"
 
     def _check_proposals(self, mark: Mark, where: str) -> None:

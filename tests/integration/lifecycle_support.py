@@ -19,6 +19,10 @@
   registered without a lookup) and ``parcel.ship`` (cost 1, ``not_idempotent``,
   with a lookup), in a task type of their own.
 
+- **Fixtures** (:func:`store` over the sales world with a :class:`ShiftClock`, the
+  sales :func:`gateway` over a :class:`SalesDesk`, the :func:`metered` gateway over a
+  :class:`FileProvider`), bound by the life-cycle test modules.
+
 Kept apart from the test modules so spawned gateway processes
 (:mod:`tests.integration.lifecycle_children`) import only this and capgate.
 """
@@ -30,25 +34,29 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
+import pytest
 import yaml
 
 from adapters.in_process import InProcessTools, current_call
 from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.sales_desk import SalesDesk
 from gateway.dispatch.registry import ToolRegistry
 from gateway.dispatch.transport import Adapter
 from gateway.model.contracts import Catalogue
 from gateway.model.facts import ConnectionStatus, Principal
 from gateway.model.outcomes import ToolUnknown
 from gateway.opa.client import PolicyClient
+from gateway.opa.sidecar import PolicySidecar
 from gateway.service.credentials import CredentialResolver, StaticCredentials
 from gateway.service.gateway import Gateway
 from gateway.service.requests import AgentRequest
+from gateway.state import open_store
 from gateway.state.records import OperationRecord, ProposalRecord
 from gateway.state.store import Store
 
@@ -264,6 +272,11 @@ class FileProvider:
         self.after_effect: Callable[[str], None] | None = None
         #: Tools whose next answer is lost after the effect (ToolUnknown).
         self.lose_answer_once: set[str] = set()
+        #: Tools whose next call times out after the effect, as a plain TimeoutError
+        #: (the tool does not say whether anything happened).
+        self.time_out_once: set[str] = set()
+        #: The idempotency key of every call of a keyed tool, deduplicated or not.
+        self.keys: list[str] = []
         #: Seconds each effect takes (widens race windows).
         self.delay = 0.0
 
@@ -291,6 +304,9 @@ class FileProvider:
         if tool in self.lose_answer_once:
             self.lose_answer_once.discard(tool)
             raise ToolUnknown("the provider took the request, then the answer was lost")
+        if tool in self.time_out_once:
+            self.time_out_once.discard(tool)
+            raise TimeoutError("the provider did not answer in time")
         return receipt
 
     def entries(self, tool: str | None = None) -> list[dict[str, Any]]:
@@ -310,7 +326,8 @@ class FileProvider:
 
     def tools(self) -> InProcessTools:
         """``meter.tick`` (no lookup), ``parcel.ship`` and ``quote.dispatch_reviewed``
-        (both with a lookup), all writing here."""
+        (both with a lookup), ``ledger.post`` (no lookup, but deduplicated by its
+        idempotency key, as a keyed provider API is), all writing here."""
         tools = InProcessTools()
 
         def tick(label: str) -> dict[str, Any]:
@@ -332,7 +349,16 @@ class FileProvider:
             receipt = self.find("quote.dispatch_reviewed", key)
             return None if receipt is None else {"message_id": receipt, "status": "sent"}
 
+        def post(entry: str) -> dict[str, Any]:
+            key = current_call().idempotency_key
+            if key is None:
+                raise RuntimeError("no idempotency key: the gateway did not pass one")
+            self.keys.append(key)
+            done = self.find("ledger.post", key)
+            return {"entry_id": done or self.effect("ledger.post", {"entry": entry})}
+
         tools.register("meter.tick", "Count one unit of metered work.", tick)
+        tools.register("ledger.post", "Post a ledger entry once per key.", post)
         tools.register("parcel.ship", "Ship a parcel.", ship, lookup=find_shipment)
         tools.register("quote.dispatch_reviewed", "Send a reviewed quote.", send, lookup=find_sent)
         return tools
@@ -396,6 +422,33 @@ _EXTRA_TOOLS: Final[list[dict[str, Any]]] = [
         },
         "environments": ["production"],
     },
+    {
+        "name": "ledger.post",
+        "version": 1,
+        "description": "Post one entry to the provider's ledger, once per key. "
+        "Params: {entry: str}.",
+        "mode": "write",
+        "roles": ["sales"],
+        "connection_alias": "warehouse",
+        "subject_type": None,
+        "approval": "none",
+        "recovery": "lookup_before_retry",
+        "idempotency": "idempotent_with_key",
+        "cost_class": "low",
+        "receipt_field": "entry_id",
+        "input_schema": {
+            "type": "object",
+            "properties": {"entry": {"type": "string", "maxLength": 64}},
+            "required": ["entry"],
+            "additionalProperties": False,
+        },
+        "output_schema": {
+            "type": "object",
+            "properties": {"entry_id": {"type": "string", "minLength": 1}},
+            "required": ["entry_id"],
+        },
+        "environments": ["production"],
+    },
 ]
 
 
@@ -417,7 +470,7 @@ def write_lifecycle_catalogue(
     task_types = yaml.safe_load((source / "task_types.yaml").read_text())
     task_types["task_types"]["fulfilment"] = {
         "description": "Ship parcels and meter the work.",
-        "tools": ["meter.tick", "parcel.ship"],
+        "tools": ["meter.tick", "parcel.ship", "ledger.post"],
     }
     (folder / "tools.yaml").write_text(yaml.safe_dump(tools, sort_keys=False))
     (folder / "task_types.yaml").write_text(yaml.safe_dump(task_types, sort_keys=False))
@@ -432,3 +485,49 @@ class ShiftClock:
 
     def __call__(self) -> datetime:
         return datetime.now(UTC) + self.offset
+
+
+# -- fixtures (bound by the life-cycle test modules) --------------------------------------
+
+
+@pytest.fixture
+def clock() -> ShiftClock:
+    return ShiftClock()
+
+
+@pytest.fixture
+def store(store_url: str, clock: ShiftClock) -> Iterator[Store]:
+    opened = open_store(store_url, clock=clock)
+    try:
+        seed(opened)
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def desk() -> SalesDesk:
+    return SalesDesk()
+
+
+@pytest.fixture
+def gateway(
+    sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, store: Store, desk: SalesDesk
+) -> Gateway:
+    return make_gateway(sales_catalogue, sales_sidecar.client, store, desk.tools())
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> FileProvider:
+    return FileProvider(tmp_path / "provider.jsonl")
+
+
+@pytest.fixture
+def metered(
+    lifecycle_catalogue: Catalogue,
+    lifecycle_sidecar: PolicySidecar,
+    store: Store,
+    provider: FileProvider,
+) -> Gateway:
+    """A gateway of the life-cycle catalogue whose metered tools write to ``provider``."""
+    return make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools())

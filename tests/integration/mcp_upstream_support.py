@@ -245,6 +245,7 @@ class Harness:
         connections: Sequence[str] = (),
         opa_url: str | None = None,
         catalogue_dir: Path | None = None,
+        unplaced: bool = False,
     ) -> None:
         self.folder = folder
         self.catalogue_dir = catalogue_dir or write_catalogue(folder / "catalogue", tools, roles)
@@ -264,6 +265,7 @@ class Harness:
             connect_timeout=connect_timeout,
             errlog=self.errlog,
             mode=mode,
+            unplaced=unplaced,
         )
         self.sidecar = PolicySidecar(self.catalogue, timeout=5.0, opa_url=opa_url)
         self.sidecar.__enter__()

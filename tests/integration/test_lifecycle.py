@@ -21,7 +21,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -50,7 +49,6 @@ from gateway.service.agent import AgentSession
 from gateway.service.credentials import StaticCredentials
 from gateway.service.gateway import Gateway
 from gateway.service.requests import AgentRequest
-from gateway.state import open_store
 from gateway.state.errors import UnknownConnection, UnknownProposal, UnknownTenant
 from gateway.state.records import (
     OperationStatus,
@@ -59,6 +57,7 @@ from gateway.state.records import (
     ReviewVerdict,
 )
 from gateway.state.store import Store
+from tests.integration import lifecycle_support as lifecycle_fixtures
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
 from tests.integration.lifecycle_support import (
@@ -85,7 +84,6 @@ from tests.integration.lifecycle_support import (
     raw_execute,
     raw_rows,
     row_counts,
-    seed,
     sqlite_file_bytes,
     table_dump,
     wait_until,
@@ -98,52 +96,12 @@ pytestmark = pytest.mark.integration
 postgres_server = pg_fixtures.postgres_server
 postgres_url = pg_fixtures.postgres_url
 store_url = store_fixtures.store_url
-
-
-# -- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock() -> ShiftClock:
-    return ShiftClock()
-
-
-@pytest.fixture
-def store(store_url: str, clock: ShiftClock) -> Iterator[Store]:
-    opened = open_store(store_url, clock=clock)
-    try:
-        seed(opened)
-        yield opened
-    finally:
-        opened.close()
-
-
-@pytest.fixture
-def desk() -> SalesDesk:
-    return SalesDesk()
-
-
-@pytest.fixture
-def gateway(
-    sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, store: Store, desk: SalesDesk
-) -> Gateway:
-    return make_gateway(sales_catalogue, sales_sidecar.client, store, desk.tools())
-
-
-@pytest.fixture
-def provider(tmp_path: Path) -> FileProvider:
-    return FileProvider(tmp_path / "provider.jsonl")
-
-
-@pytest.fixture
-def metered(
-    lifecycle_catalogue: Catalogue,
-    lifecycle_sidecar: PolicySidecar,
-    store: Store,
-    provider: FileProvider,
-) -> Gateway:
-    """A gateway of the life-cycle catalogue whose metered tools write to ``provider``."""
-    return make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools())
+clock = lifecycle_fixtures.clock
+store = lifecycle_fixtures.store
+desk = lifecycle_fixtures.desk
+gateway = lifecycle_fixtures.gateway
+provider = lifecycle_fixtures.provider
+metered = lifecycle_fixtures.metered
 
 
 SALES_REQUEST = agent_request(SALES, QUOTE_TASK)

@@ -21,14 +21,23 @@ from adapters.mcp.config import ServerSpec, servers_from_env
 from adapters.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.oracle_server import ORACLE_SERVER_ID, oracle_server_spec
-from capgate.demo.scenes import _oracle_over_mcp, run_oracle_grove
+from capgate.demo.scenes import run_oracle_grove
 from capgate.demo.tools.oracle import oracle
 from gateway import AgentRequest, AgentSession, Gateway, PolicySidecar, ToolRegistry, open_store
 from gateway.catalogue import load_catalogue
+from gateway.model.contracts import Catalogue, UpstreamRef
 from gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _oracle_over_mcp(catalogue: Catalogue) -> Catalogue:
+    """The oracle-grove catalogue with its oracle placed on the oracle server by an
+    ``upstream`` (the demo leaves it unplaced and lets the MCP gate place it)."""
+    tools = catalogue.model_dump()["tools"]
+    tools["oracle"]["upstream"] = UpstreamRef(server=ORACLE_SERVER_ID, tool="oracle").model_dump()
+    return Catalogue.model_validate({**catalogue.model_dump(), "tools": tools})
 
 
 def test_the_oracle_grove_records_identical_events_in_both_modes():
