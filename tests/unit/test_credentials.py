@@ -16,6 +16,8 @@ from typing import Any, Final
 import pytest
 
 from adapters.in_process import InProcessTools, current_call
+from capgate.cli import main
+from capgate.commands.common import EXIT_ERROR, EXIT_OK
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
 from gateway.dispatch.registry import ToolRegistry
@@ -159,6 +161,15 @@ def test_static_and_no_credentials_keep_pairs_apart():
         static.resolve("acme", "crm")
     with pytest.raises(CredentialUnavailable):
         NoCredentials().resolve("acme.eu", "crm")
+
+
+def test_capgate_connections_variable_prints_the_name_the_resolver_reads(capsys):
+    for tenant, alias in [pair for group in COLLIDING for pair in group]:
+        assert main(["connections", "variable", tenant, alias]) == EXIT_OK
+        out = capsys.readouterr().out
+        assert out == EnvironmentCredentials().variable(tenant, alias) + "\n"
+    assert main(["connections", "variable", "acme eu", "crm"]) == EXIT_ERROR
+    assert "TENANT: 'acme eu' is not a valid name" in capsys.readouterr().err
 
 
 # -- the attack of issue #17, through the public API ----------------------------------
