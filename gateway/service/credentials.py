@@ -5,6 +5,12 @@ the provider account it acts as (``sales_mailbox``, ``sales@acme.example``); the
 secret behind it is resolved from (tenant, alias) by a :class:`CredentialResolver`
 immediately before a tool runs, and handed to the adapter in its CallContext as a
 :class:`~gateway.dispatch.transport.Secret`, which never prints its value.
+
+Each resolver keeps pairs apart: the secret of one (tenant, alias) is never where
+another pair's is looked for, however alike their names (``acme.eu`` and
+``acme-eu``, ``Acme`` and ``acme``), so one tenant's tools never run with another
+tenant's secret. A resolver of one's own (``credentials:`` in ``capgate serve``'s
+configuration) must keep that promise too.
 """
 
 from __future__ import annotations
@@ -46,7 +52,10 @@ _PARTS: Final = re.compile(rf"(?P<tenant>{_PART}){_SEPARATOR}(?P<alias>{_PART})"
 
 @runtime_checkable
 class CredentialResolver(Protocol):
-    """Turns (tenant, alias) into the connection's secret, or raises CredentialUnavailable."""
+    """Turns (tenant, alias) into the connection's secret, or raises CredentialUnavailable.
+
+    Two different pairs never resolve through one secret (see the module's doc).
+    """
 
     def resolve(self, tenant: str, alias: str) -> Secret: ...
 
