@@ -38,8 +38,8 @@ __all__ = [
 VARIABLE_PREFIX: Final = "CAPGATE_SECRET_"
 #: Between the tenant's part and the alias's part of a variable.
 _SEPARATOR: Final = "__"
-#: A prefix: the start of a variable name, ending with ``_`` so that the tenant's
-#: part is never glued to it; in the alphabet shells, Docker and Kubernetes accept.
+#: A prefix: the start of a variable name, in the alphabet shells, Docker and
+#: Kubernetes accept, ending with ``_`` so that a reader sees where the names begin.
 _PREFIX: Final = re.compile(r"[A-Z][A-Z0-9_]{0,62}_")
 #: Tenant and alias are capgate names: the facts' Identifier rule (one source of it).
 _NAME: Final = TypeAdapter(Identifier)
@@ -136,7 +136,7 @@ class EnvironmentCredentials:
     ) -> None:
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise InvalidInput(
-                f"credential variable prefix {quote(prefix, 40)} is not 1 to 64 upper-case "
+                f"credential variable prefix {quote(prefix, 40)} is not 2 to 64 upper-case "
                 "letters, digits and _, starting with a letter and ending with _ "
                 f"(e.g. {VARIABLE_PREFIX})"
             )
