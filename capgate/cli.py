@@ -20,7 +20,7 @@ and, over the gateway's store (``--store URL`` or ``$CAPGATE_STORE``; the comman
 live in :mod:`capgate.commands`)::
 
     capgate tenants add|list              tenants, budget classes and limits
-    capgate connections list|add|revoke|restore
+    capgate connections list|add|variable|revoke|restore
     capgate budget show|set               a tenant's or a task's budget
     capgate proposals list|show|approve|reject
     capgate ledger show|verify            the hash-chained ledger

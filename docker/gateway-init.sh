@@ -61,9 +61,14 @@ http:
     environment: production
 EOF
 
+# The variables capgate serve reads the secrets from (`credentials: environment`),
+# as capgate names them: a tenant or alias that is not a plain lower-case name is
+# escaped (docs/mcp-server.md), so a name written here by hand could be the wrong one.
+crm="$("$capgate" connections variable acme crm)"
+mailbox="$("$capgate" connections variable acme sales_mailbox)"
 cat >"$dir/secrets.env" <<EOF
-CAPGATE_SECRET_ACME__CRM=$(random_token)
-CAPGATE_SECRET_ACME__SALES_MAILBOX=$(random_token)
+$crm=$(random_token)
+$mailbox=$(random_token)
 EOF
 
 store="$dir/state.db"

@@ -155,8 +155,9 @@ def add_action(
     *,
     exits: ExitRows = STORE_EXITS,
     description: str | None = None,
+    store: bool = True,
 ) -> argparse.ArgumentParser:
-    """One action of a group, taking ``--store``."""
+    """One action of a group, taking ``--store`` unless ``store`` is False."""
     parser = actions.add_parser(
         name,
         help=help,
@@ -164,11 +165,13 @@ def add_action(
         epilog=exit_codes(exits),
         formatter_class=_FORMATTER,
     )
-    parser.add_argument(
-        "--store",
-        metavar="URL",
-        help=f"the gateway's store: a SQLite file path or postgresql://... (default: ${STORE_ENV})",
-    )
+    if store:
+        parser.add_argument(
+            "--store",
+            metavar="URL",
+            help="the gateway's store: a SQLite file path or postgresql://... "
+            f"(default: ${STORE_ENV})",
+        )
     parser.set_defaults(run=run)
     return parser
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from capgate.commands.common import (
+    EXIT_ERROR,
     EXIT_OK,
     STORE_EXITS,
     Actions,
@@ -44,6 +45,7 @@ from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import InvalidInput, PolicyUnavailable, quote
 from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
 from gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
+from gateway.service.credentials import EnvironmentCredentials
 from gateway.service.gateway import Gateway
 from gateway.state.errors import DuplicateRecord, StoreError, UnknownConnection, UnknownTenant
 from gateway.state.records import (
@@ -247,6 +249,13 @@ def _connections_add(args: argparse.Namespace) -> int:
         f"connection {tenant}/{alias} added: {record.status.value}, "
         f"account {safe(record.account)} (by {safe(by)})"
     )
+    return EXIT_OK
+
+
+def _connections_variable(args: argparse.Namespace) -> int:
+    tenant = identifier(args.tenant, "TENANT")
+    alias = identifier(args.alias, "ALIAS")
+    print(EnvironmentCredentials().variable(tenant, alias))
     return EXIT_OK
 
 
@@ -460,7 +469,9 @@ def _register_connections(sub: Actions) -> None:
         "list, add, revoke and restore a tenant's connections",
         "A tenant's connections to providers, by alias: status (active, disabled, "
         "revoked) and the provider account each acts as. The secret behind a connection "
-        "is never stored: a credential resolver turns (tenant, alias) into it at dispatch.",
+        "is never stored: a credential resolver turns (tenant, alias) into it at dispatch; "
+        "with `credentials: environment` (capgate serve's default) it is the environment "
+        "variable that `capgate connections variable TENANT ALIAS` prints.",
         STORE_EXITS,
     )
     listing = add_action(connections, "list", "list a tenant's connections", _connections_list)
@@ -474,6 +485,24 @@ def _register_connections(sub: Actions) -> None:
         "--account", required=True, help="the provider account it acts as, e.g. sales@acme.example"
     )
     add_by(add)
+
+    variable = add_action(
+        connections,
+        "variable",
+        "print the environment variable holding a connection's secret",
+        _connections_variable,
+        exits=((EXIT_OK, "success"), (EXIT_ERROR, "error: TENANT or ALIAS is not a name")),
+        description="Print the environment variable that `credentials: environment` (capgate "
+        "serve's default, gateway.EnvironmentCredentials) reads the connection's secret "
+        "from: CAPGATE_SECRET_<TENANT>__<ALIAS>, where a name of lower-case letters and "
+        "digits with single inner _ is upper-cased (acme, sales_mailbox: "
+        "CAPGATE_SECRET_ACME__SALES_MAILBOX) and any other is _ and the upper-case hex of "
+        "its UTF-8 bytes (acme-eu, crm: CAPGATE_SECRET__61636D652D6575__CRM). Reads no "
+        "store and no secret: the tenant and the connection need not exist yet.",
+        store=False,
+    )
+    variable.add_argument("tenant", metavar="TENANT")
+    variable.add_argument("alias", metavar="ALIAS")
 
     for name, run, what in (
         (

@@ -156,8 +156,9 @@ class ServeConfig(_Strict):
     def _credentials(cls, value: str) -> str:
         if value not in ("environment", "none") and ":" not in value:
             raise ValueError(
-                "credentials: 'environment' (CAPGATE_SECRET_<TENANT>__<ALIAS>), 'none', "
-                "or an entry point module.path:attribute giving a CredentialResolver"
+                "credentials: 'environment' (CAPGATE_SECRET_<TENANT>__<ALIAS>, as "
+                "`capgate connections variable` names it), 'none', or an entry point "
+                "module.path:attribute giving a CredentialResolver"
             )
         return value
 

@@ -1,4 +1,4 @@
-"""Coverage-guided fuzz targets (atheris, libFuzzer) for capgate's two parsers of untrusted bytes.
+"""Coverage-guided fuzz targets (atheris, libFuzzer) for capgate's parsers and name mappings.
 
 Run one target::
 
@@ -7,7 +7,7 @@ Run one target::
 
 Everything after the target name goes to libFuzzer (``-help=1`` lists its options;
 a folder argument is a corpus to read and grow). ``tests/fuzz/test_atheris.py`` runs
-both briefly in ``make test``; ``make fuzz`` runs them for minutes.
+each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 
 ``answer``
     What OPA (or whatever answers at its address) sends back: a status, an HTTP
@@ -29,6 +29,15 @@ both briefly in ``make test``; ``make fuzz`` runs them for minutes.
     be a fixed point, ``canonical_json(json.loads(out)) == out``, equal to the
     canonical form of the plain copy, and the copy must be exactly what
     ``json.loads(out)`` gives back.
+``credentials``
+    A tenant and an alias (any text, often near a capgate name: ``acme.eu``,
+    ``a__b``, upper case, non-ASCII) through ``EnvironmentCredentials.variable``, and
+    any text (often near a variable: the prefix, ``__``, hex) through
+    ``names_of``. A name that is not a capgate name is refused (``InvalidInput``,
+    short message); any other pair's variable is made of ``A-Z``, ``0-9`` and ``_``
+    and decodes to that very pair, which makes the mapping injective (two pairs of
+    one variable would decode to one pair); text that decodes is exactly the
+    variable of the pair it decodes to (issue #17).
 
 The inputs are *structured*: the first bytes choose what to build (a well-formed
 answer with one part swapped, a duplicated or escaped key, a NaN, deep nesting, cut
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +74,7 @@ with atheris.instrument_imports(include=["gateway"]):
         _parse_answer,
         _validate,
     )
+    from gateway.service.credentials import VARIABLE_PREFIX, EnvironmentCredentials
 
 #: The longest message a capgate error may carry (docs/security.md).
 MESSAGE_CAP: Final = 1_000
@@ -441,9 +452,55 @@ def _same(a: Any, b: Any) -> bool:
     return True
 
 
+# == credentials: names to a variable and back ========================================
+
+#: Maps and decodes; it reads no environment.
+ENVIRONMENT: Final = EnvironmentCredentials(environ={})
+_IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
+_VARIABLE: Final = re.compile(r"[A-Z][A-Z0-9_]*")
+NAME_PIECES: Final = ("acme", "eu", "crm", "sales_mailbox", "A", "0", ".", "-", "_", "__", ":", "/")
+VARIABLE_PIECES: Final = ("ACME", "CRM", "_", "__", "41", "61", "2D", "2E", "5F", "C3A9", "FF", "0")
+
+
+def _pieces(fdp: atheris.FuzzedDataProvider, pieces: tuple[str, ...]) -> str:
+    parts = []
+    for _ in range(fdp.ConsumeIntInRange(0, 8)):
+        parts.append(pick(fdp, pieces) if fdp.ConsumeBool() else fdp.ConsumeUnicodeNoSurrogates(3))
+    return "".join(parts)
+
+
+def target_credentials(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    how = fdp.ConsumeIntInRange(0, 2)
+    if how == 0:  # a pair: refused, or a portable variable that decodes to it
+        tenant, alias = _pieces(fdp, NAME_PIECES), _pieces(fdp, NAME_PIECES)
+        try:
+            variable = ENVIRONMENT.variable(tenant, alias)
+        except InvalidInput as exc:
+            _short(exc)
+            assert not (_IDENTIFIER.fullmatch(tenant) and _IDENTIFIER.fullmatch(alias))
+            return
+        assert _IDENTIFIER.fullmatch(tenant)
+        assert _IDENTIFIER.fullmatch(alias)
+        assert _VARIABLE.fullmatch(variable), variable
+        assert ENVIRONMENT.names_of(variable) == (tenant, alias), variable
+        return
+    if how == 1:  # text near a variable
+        text = VARIABLE_PREFIX + _pieces(fdp, VARIABLE_PIECES)
+    else:  # any text
+        text = fdp.ConsumeUnicodeNoSurrogates(fdp.remaining_bytes())
+    try:
+        pair = ENVIRONMENT.names_of(text)
+    except InvalidInput as exc:
+        _short(exc)
+        return
+    assert ENVIRONMENT.variable(*pair) == text, (text, pair)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], None]]] = {
     "answer": target_answer,
     "canonical": target_canonical,
+    "credentials": target_credentials,
 }
 
 

@@ -13,10 +13,12 @@
   lookup that finds it.
 - **The world** (:class:`World`): a :class:`~gateway.Gateway` over a fresh SQLite store
   in a folder of its own, seeded the way an operator would seed it (tenants, budget
-  classes and limits, connections, recorded evidence), with a
-  :class:`~gateway.StaticCredentials` resolver whose secrets are planted ones; and an
-  auditor's view of the store: every cell of every table, and the raw bytes of the
-  database file and its write-ahead log.
+  classes and limits, connections, recorded evidence), whose connection secrets are
+  planted ones in an environment of their own, read by
+  :class:`~gateway.EnvironmentCredentials` (``capgate serve``'s default resolver),
+  so every body that holds its own tenant's secret went through that mapping; and
+  an auditor's view of the store: every cell of every table, and the raw bytes of
+  the database file and its write-ahead log.
 - **The tally** (:class:`Tally`): the paths a property's examples took, printed in the
   summary at the end of the run (``tests/fuzz/conftest.py``).
 """
@@ -47,7 +49,7 @@ from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDeci
 from gateway.model.facts import Approval, ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
 from gateway.model.outcomes import ToolRefused, ToolRetryable
 from gateway.opa.client import PolicyClient
-from gateway.service.credentials import StaticCredentials
+from gateway.service.credentials import EnvironmentCredentials
 from gateway.service.gateway import Gateway
 from gateway.state import open_store
 from gateway.state.records import LedgerRow
@@ -462,6 +464,13 @@ class World:
         self._folder = tempfile.TemporaryDirectory(prefix="world-", dir=base)
         self.path = Path(self._folder.name) / "state.db"
         self.credentials = dict(credentials)
+        #: The variables the gateway's resolver reads (a set of two pairs that read one
+        #: variable would keep one secret of the two: a body would hold the other's).
+        names = EnvironmentCredentials(environ={})
+        self.environment = {
+            names.variable(tenant, alias): secret
+            for (tenant, alias), secret in self.credentials.items()
+        }
         self.tenants = dict(tenants)
         self.store = open_store(str(self.path))
         try:
@@ -485,7 +494,7 @@ class World:
                 policy,
                 ToolRegistry(provider.tools),
                 self.store,
-                credentials=StaticCredentials(self.credentials),
+                credentials=EnvironmentCredentials(environ=self.environment),
                 observer=observer,
             )
         except BaseException:

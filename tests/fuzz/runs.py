@@ -54,8 +54,9 @@ ATHERIS_SECONDS_ENV: Final = "CAPGATE_ATHERIS_SECONDS"
 DEFAULT_EXAMPLES: Final = 200
 #: Inputs per atheris target in ``make test``: about 10 s each on a small machine
 #: (the answer parser runs some 10,000 inputs a second, the canonicaliser, whose
-#: inputs include 4,000-digit integers, 3,000).
-DEFAULT_ATHERIS_RUNS: Final = {"answer": 100_000, "canonical": 30_000}
+#: inputs include 4,000-digit integers, 3,000), and a few seconds for the credential
+#: variables (some 30,000 a second).
+DEFAULT_ATHERIS_RUNS: Final = {"answer": 100_000, "canonical": 30_000, "credentials": 100_000}
 ATHERIS_SEED: Final = 1
 
 #: One summary line per property or target, in the order they ran.

@@ -4,12 +4,17 @@
 schema, with planted secrets wherever a schema has room for one
 (:func:`secret_value`), or, when ``hostile``, broken on purpose: wrong types,
 values too deep, too long or not JSON, mappings that lie or raise.
+
+:data:`identifiers` draws any capgate name (tenant, alias, ...), and
+:func:`look_alike` another name that differs from it only where people and old
+code tend not to look: a letter's case, one of ``_ . - : /`` for another (issue
+#17: such names once read one tenant's secret variable).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
@@ -25,12 +30,15 @@ __all__ = [
     "Unrepresentable",
     "emails",
     "hostile_values",
+    "identifiers",
     "json_leaves",
     "json_values",
+    "look_alike",
     "names",
     "nested",
     "one_in",
     "parameters",
+    "plain_names",
     "secret_value",
     "valid_value",
 ]
@@ -42,6 +50,43 @@ def one_in(n: int) -> st.SearchStrategy[bool]:
 
 
 names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,24}", fullmatch=True)
+#: Names as most tenants and aliases are written: lower case, single inner ``_``.
+plain_names = st.from_regex(r"[a-z0-9]{1,8}(_[a-z0-9]{1,8}){0,3}", fullmatch=True)
+#: Any capgate name (gateway.model.facts.Identifier): 1 to 128 characters, mostly
+#: short ones, the usual forms often, and the longest there is at times.
+identifiers = st.one_of(
+    plain_names,
+    names,
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}", fullmatch=True),
+    st.integers(0, 9).map(lambda n: str(n) + "-_."[n % 3] * 127),
+)
+#: The characters a name may hold besides letters and digits.
+_SEPARATORS: Final = "_.-:/"
+
+
+@st.composite
+def look_alike(draw: st.DrawFn, name: str) -> str:
+    """Another capgate name that differs from ``name`` only in the case of letters and
+    in which of ``_ . - : /`` stands where one does (``acme.eu``: ``acme-eu``,
+    ``ACME_eu``); ``name`` and a ``_`` (within 128) when it has neither."""
+    chars = []
+    for char in name:
+        if char in _SEPARATORS:
+            char = draw(st.sampled_from(_SEPARATORS))
+        elif char.isalpha() and draw(st.booleans()):
+            char = char.swapcase()
+        chars.append(char)
+    other = "".join(chars)
+    if other == name:  # nothing changed: change the first thing that can change
+        at = next((i for i, c in enumerate(name) if c.isalpha() or c in _SEPARATORS), None)
+        if at is None:
+            return name[:127] + "_"
+        char = name[at]
+        changed = char.swapcase() if char.isalpha() else "_" if char != "_" else "-"
+        other = name[:at] + changed + name[at + 1 :]
+    return other
+
+
 emails = st.from_regex(r"[a-z]{1,12}(\.[a-z]{1,8})?@[a-z]{1,12}\.(test|example)", fullmatch=True)
 json_leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(

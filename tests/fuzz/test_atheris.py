@@ -35,7 +35,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("target", ["answer", "canonical"])
+@pytest.mark.parametrize("target", ["answer", "canonical", "credentials"])
 def test_fuzz_target_runs_clean(target: str, tmp_path: Path) -> None:
     seconds = atheris_seconds()
     budget = [f"-max_total_time={seconds}"] if seconds else [f"-runs={atheris_runs(target)}"]

@@ -19,8 +19,11 @@ drew, must keep the promises of ``docs/security.md``:
    Outcome, and an Outcome means it was entered. Under a session the store says the
    same: when the body was entered, the operation's last ledger row was its intent,
    written under that allow's decision id, and the body held the credential of its
-   tenant's connection; the outcome row follows. A proposal was allowed at stage
-   ``propose``, holds the judged digest and operation, and nothing ran.
+   tenant's connection, never that of a tenant whose name looks like it (the store
+   holds one, with secrets of its own); the outcome row follows. A session whose
+   connection has no secret set fails with ``CredentialUnavailable`` before anything
+   is written or run, however the look-alike's are set. A proposal was allowed at
+   stage ``propose``, holds the judged digest and operation, and nothing ran.
 3. **No secret in logs, errors, outcomes or the store.** Secret-looking values
    placed in parameter values, facts (tenant, role, task type, subjects and other
    linked resources, environment, budget class, evidence, who approved), connection
@@ -34,7 +37,8 @@ drew, must keep the promises of ``docs/security.md``:
    credential is in the store file's bytes, in any cell, or in what the session
    returned; the ledger verifies. Names are logged by design (tool names, operation
    ids, connection aliases, parameter names), so no secret is put there; nor in a
-   session's tenant, the store's key that the ledger names by design.
+   session's tenant (a generated name), the store's key that the ledger names by
+   design.
 4. **Short messages.** capgate's exception messages stay within
    :data:`~tests.fuzz.harness.MESSAGE_CAP` characters and ``Outcome.error`` within
    :data:`~tests.fuzz.harness.TOOL_TEXT_CAP`, however long the inputs.
@@ -79,6 +83,7 @@ from gateway.dispatch.registry import ToolRegistry
 from gateway.errors import (
     CapabilityViolation,
     CapgateError,
+    CredentialUnavailable,
     InvalidInput,
     ObligationUnsupported,
     ToolFailed,
@@ -111,7 +116,16 @@ from tests.fuzz.harness import (
     secret_texts,
 )
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
-from tests.fuzz.strategies import Long, LyingStr, hostile_values, names, one_in, parameters
+from tests.fuzz.strategies import (
+    Long,
+    LyingStr,
+    hostile_values,
+    identifiers,
+    look_alike,
+    names,
+    one_in,
+    parameters,
+)
 
 load_project_code()  # the same examples alone and in the whole suite (tests/fuzz/runs.py)
 
@@ -124,9 +138,8 @@ pytestmark = [
 
 #: The facts' identifier rule (gateway.model.facts.Identifier).
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
-#: A session case's tenant and task in its store. The tenant is the store's key and
-#: the ledger names it by design, so it is a fixed name, not a planted secret.
-SESSION_TENANT: Final = "fuzz-tenant"
+#: A session case's task in its store. (Its tenant is a generated name, not a planted
+#: secret: it is the store's key, and the ledger names it by design.)
 SESSION_TASK: Final = "fuzz-task"
 
 
@@ -139,8 +152,17 @@ class SessionSeed:
 
     request: AgentRequest
     tenant: TenantSeed
-    #: connection alias -> its planted secret, for the StaticCredentials resolver
+    #: connection alias -> its planted secret (an alias missing here has none set)
     credentials: dict[str, str]
+    #: A tenant whose name looks like the session's (:func:`look_alike`), seeded alike,
+    #: with a planted secret of its own for every connection: never the session's.
+    neighbour: str
+    neighbour_credentials: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        """The session's tenant."""
+        return self.request.principal.tenant
 
 
 class Rig:
@@ -174,10 +196,11 @@ class Rig:
             self.catalogue,
             self.decider,
             self.provider,
-            tenants={SESSION_TENANT: seed.tenant},
-            credentials={
-                (SESSION_TENANT, alias): secret for alias, secret in seed.credentials.items()
-            },
+            tenants={seed.name: seed.tenant, seed.neighbour: seed.tenant},
+            # The session's own first: of two pairs that read one variable, the
+            # look-alike's secret would be the one kept.
+            credentials={(seed.name, alias): secret for alias, secret in seed.credentials.items()}
+            | {(seed.neighbour, alias): s for alias, s in seed.neighbour_credentials.items()},
             observer=self.events.append,
         )
 
@@ -246,7 +269,9 @@ class Case:
 
     @property
     def credentials(self) -> set[str]:
-        return planted(list(self.seed.credentials.values())) if self.seed else set()
+        if self.seed is None:
+            return set()
+        return planted(list(self.seed.credentials.values()), self.seed.neighbour_credentials)
 
     @property
     def secrets(self) -> set[str]:
@@ -330,6 +355,17 @@ def check(rig: Rig, case: Case, result: Result) -> str:
             check_proposal(rig, case, result, proposal)
         else:
             assert case.kind == "compose" or error is not None, f"{case!r}: returned {value!r}"
+    if isinstance(error, CredentialUnavailable):
+        # Only a session's call of a connection whose own secret is not set, nothing
+        # written for it; the look-alike tenant's secret was there and was not taken.
+        assert case.seed is not None, f"{case!r}: {error}"
+        contract = rig.catalogue.tools.get(case.tool)
+        alias = contract.connection_alias if contract is not None else None
+        assert alias is not None, f"{case!r}: {error}"
+        assert alias not in case.seed.credentials, f"{case!r}: its secret was set: {error}"
+        assert "is not set" in str(error)
+        assert result.store is not None
+        assert not [row for row in result.store.ledger if row.kind in ("intent", "outcome")]
     if isinstance(error, CapabilityViolation) and not isinstance(error, ObligationUnsupported):
         request, decision = rig.decider.executes[-1]
         assert not decision.allow
@@ -396,18 +432,22 @@ def check_session_run(
     assert intent.decision_id is not None
     assert intent.decision_id == decision.decision_id
     assert (intent.tool, intent.tenant) == (contract.name, request.principal.tenant)
-    assert context.tenant == SESSION_TENANT
+    tenant = case.seed.name
+    assert context.tenant == tenant
     alias = contract.connection_alias
     if alias is None:
         assert context.credential is None
     else:
         assert context.credential is not None, f"{case!r}: ran without its credential"
-        assert context.credential.reveal() == case.seed.credentials[alias]
-        assert context.account == account_of(SESSION_TENANT, alias)
+        assert alias in case.seed.credentials, f"{case!r}: ran with a secret it has not"
+        assert context.credential.reveal() == case.seed.credentials[alias], (
+            f"{case!r}: ran with another tenant's secret"
+        )
+        assert context.account == account_of(tenant, alias)
     rows = [
         (row.kind, row.outcome)
         for row in result.store.ledger
-        if (row.tenant, row.operation_id) == (SESSION_TENANT, context.operation_id)
+        if (row.tenant, row.operation_id) == (tenant, context.operation_id)
     ]
     assert rows[-2:] == [("intent", "running"), ("outcome", result.outcome.status.value)], rows
 
@@ -741,8 +781,8 @@ def test_identifiers(rig: Rig) -> None:
         tally.add(check(rig, case, rig.run(case)))
 
     run()
-    # (A session's denials, some 20 in 200 examples, are not required: an odd seed
-    # draws none.)
+    # (A session's denials, some 20 in 200 examples, and its calls without their
+    # secret, a few, are not required: an odd seed draws none.)
     tally.finish(
         "success",
         "capability_denied",
@@ -757,16 +797,19 @@ def test_identifiers(rig: Rig) -> None:
 def session_case(draw: st.DrawFn, catalogue: Catalogue, case: Case) -> Case:
     """The same call made by an agent's session, with the facts in the gateway's store.
 
-    The store holds the tenant (under :data:`SESSION_TENANT`) with the facts' budget
+    The store holds the tenant, under a generated name, with the facts' budget
     class and connections, and records for the task the evidence the case drew (a
     list of names; anything else records none). Approvals come only from reviews
     now, so a drawn one is dropped (reviews: test_gateway_life_cycle.py); each
     connection gets a planted secret as its credential. The operation id, drawn or
-    absent (the session makes one), is passed as the session's.
+    absent (the session makes one), is passed as the session's. Beside it, the store
+    holds a tenant whose name looks like it (another case, ``_ . - : /`` swapped,
+    issue #17), with the same facts and secrets of its own.
 
     One case in three changes what the store holds instead, as an operator might:
     the called tool's connection disabled, revoked or missing, or another budget
-    class. The session cannot say otherwise: OPA must see the store's facts.
+    class. The session cannot say otherwise: OPA must see the store's facts. And one
+    in four leaves the called tool's secret unset (the look-alike's is set).
     """
     facts = case.facts
     connections = {alias: status.value for alias, status in facts.connections.items()}
@@ -781,7 +824,8 @@ def session_case(draw: st.DrawFn, catalogue: Catalogue, case: Case) -> Case:
             connections.pop(alias, None)
         else:
             connections[alias] = change
-    principal = {**facts.principal.model_dump(mode="json"), "tenant": SESSION_TENANT}
+    tenant = draw(identifiers)
+    principal = {**facts.principal.model_dump(mode="json"), "tenant": tenant}
     evidence = case.options.get("evidence")
     names = set()
     if type(evidence) is list:
@@ -801,7 +845,11 @@ def session_case(draw: st.DrawFn, catalogue: Catalogue, case: Case) -> Case:
             evidence={SESSION_TASK: tuple(sorted(names))},
         ),
         credentials={alias: draw(secret_credentials) for alias in aliases},
+        neighbour=draw(look_alike(tenant)),
+        neighbour_credentials={alias: draw(secret_credentials) for alias in aliases},
     )
+    if draw(one_in(4)) and contract is not None and contract.connection_alias is not None:
+        del seed.credentials[contract.connection_alias]
     facts = ComposeInput.model_validate({**facts.model_dump(mode="json"), "principal": principal})
     options = {"operation_id": case.options.get("operation_id")}
     return Case("session", facts, case.tool, case.params, options, case.plan, seed)

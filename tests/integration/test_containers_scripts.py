@@ -24,6 +24,8 @@ import pytest
 
 from capgate.serve.config import load_config, token_digest
 from gateway.opa.deploy import init_deployment
+from gateway.service.credentials import EnvironmentCredentials
+from gateway.state import open_store
 from tests.integration.containers_support import opa_image, require_engine_and_image
 
 pytestmark = pytest.mark.integration
@@ -114,6 +116,17 @@ def test_gateway_init_writes_private_files_bound_to_its_token_once(tmp_path: Pat
     )
     assert set(secrets) == {"CAPGATE_SECRET_ACME__CRM", "CAPGATE_SECRET_ACME__SALES_MAILBOX"}
     assert all(len(value) >= 43 for value in secrets.values())
+    # ... the variables the configured resolver reads for the store's connections
+    assert config.credentials == "environment"
+    store = open_store(str(gateway / "state.db"))
+    try:
+        with store.transaction(read_only=True) as tx:
+            aliases = sorted(tx.connections("acme"))
+    finally:
+        store.close()
+    resolver = EnvironmentCredentials(environ=secrets)
+    assert aliases == ["crm", "sales_mailbox"]
+    assert {resolver.resolve("acme", alias).reveal() for alias in aliases} == set(secrets.values())
     before = {p.name: p.read_bytes() for p in gateway.iterdir()}
     again = _run(["bash", str(GATEWAY_INIT), str(deploy)])
     assert again.returncode == 2
