@@ -1379,6 +1379,8 @@ class Gateway:
                 }
             )
         outcome = self.dispatcher.interpret_found(contract, previous.operation_id, found)
+        if outcome.status is OutcomeStatus.UNKNOWN:  # an answer that settles nothing
+            return self._found(contract, previous, None, f"the lookup's answer: {outcome.error}")
         return outcome.model_copy(
             update={"version": previous.version, "decision_id": previous.decision_id}
         )

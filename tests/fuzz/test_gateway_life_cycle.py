@@ -226,6 +226,7 @@ DOCUMENTED: Final[dict[str, tuple[type[CapgateError], ...]]] = {
     "dispatch": (UnknownProposal, CapabilityViolation),
     "connection": (UnknownConnection,),
     "budget": (),
+    "reconcile": (),
 }
 #: Refusals the gateway finds after OPA's allow, while claiming the operation.
 _AFTER_ALLOW: Final = {"budget_exhausted", "approval_used", "proposal_not_approved"}
@@ -294,7 +295,14 @@ class BudgetLimit:
     kind: str = "budget"
 
 
-Step = Call | Review | Dispatch | Connection | BudgetLimit
+@dataclass(frozen=True)
+class Reconcile:
+    """What a service runs on a timer: stale operations marked, unknown ones looked up."""
+
+    kind: str = "reconcile"
+
+
+Step = Call | Review | Dispatch | Connection | BudgetLimit | Reconcile
 
 _plans = st.builds(
     Plan,
@@ -328,6 +336,8 @@ class SoFar:
     #: Indexes of the proposals by status, for reviews and dispatches that fit them.
     pending: tuple[int, ...] = ()
     approved: tuple[int, ...] = ()
+    #: Operations whose last run ended unknown (a reconcile may settle them).
+    unknown: int = 0
 
     def __repr__(self) -> str:
         return (
@@ -341,6 +351,7 @@ def _steps(draw: st.DrawFn, menu: Menu, so_far: SoFar) -> Step:
     # Reviews weigh more while something is pending, dispatches while something is
     # approved: the life cycle gets somewhere, and every step still comes in any order.
     kinds = ["call", "propose"] * 3 + ["connection", "budget"]
+    kinds += ["reconcile"] * (4 if so_far.unknown else 1)
     kinds += ["review"] * (6 if so_far.pending else 1)
     kinds += ["dispatch"] * (6 if so_far.approved else 1)
     kind = draw(st.sampled_from(kinds))
@@ -368,6 +379,8 @@ def _steps(draw: st.DrawFn, menu: Menu, so_far: SoFar) -> Step:
             )
         )
         return Review(which, reviewer, verdict, ttl)
+    if kind == "reconcile":
+        return Reconcile()
     if kind == "connection":
         tenant = draw(st.sampled_from([ACME, ACME, GLOBEX]))
         return Connection(tenant, draw(st.sampled_from([*ALIASES, "fax"])), draw(st.booleans()))
@@ -521,6 +534,7 @@ class LifeCycle:
             calls,
             pending=tuple(i for i, s in enumerate(by_status) if s is ProposalStatus.PENDING),
             approved=tuple(i for i, s in enumerate(by_status) if s is ProposalStatus.APPROVED),
+            unknown=sum(1 for runs in self.runs.values() if runs[-1] is OutcomeStatus.UNKNOWN),
         )
 
     # -- running a step -----------------------------------------------------------------
@@ -559,6 +573,8 @@ class LifeCycle:
             )
         if isinstance(step, Dispatch):
             return self.gateway.dispatch(self.proposal_id(step.proposal))
+        if isinstance(step, Reconcile):
+            return self.gateway.reconcile()
         if isinstance(step, Connection):
             change = (
                 self.gateway.revoke_connection if step.revoke else self.gateway.restore_connection
@@ -657,6 +673,8 @@ class LifeCycle:
             path = str(ReviewVerdict(step.verdict))
         if isinstance(step, BudgetLimit):
             path = "set"
+        if isinstance(step, Reconcile):
+            path = self._check_reconcile(done, executes, where)
 
         self._check_budgets(mark, where)
         self._check_proposals(mark, where)
@@ -740,6 +758,36 @@ class LifeCycle:
             )
         runs.append(outcome.status)
         return outcome.status.value
+
+    def _check_reconcile(
+        self, done: Done, executes: list[tuple[ExecuteInput, ExecuteDecision]], where: str
+    ) -> str:
+        """Looking is not acting: nothing entered, OPA not asked; each operation looked
+        up is settled by what the provider has (its effect: success; none: retryable)
+        or, for an answer that settles nothing, left unknown."""
+        assert done.entry is None, f"{where}a reconcile entered {done.entry}"
+        assert not executes, f"{where}a reconcile asked OPA {len(executes)} execute question(s)"
+        with self.store.transaction(read_only=True) as tx:
+            for lookup in done.lookups:
+                assert lookup.tenant is not None
+                stored = tx.get_operation(lookup.tenant, lookup.operation_id)
+                assert stored is not None, f"{where}looked up {lookup.operation_id}, not stored"
+                status = OutcomeStatus((stored.outcome or {}).get("status"))
+                expected = (
+                    {OutcomeStatus.SUCCESS, OutcomeStatus.UNKNOWN}
+                    if lookup.found
+                    else {OutcomeStatus.RETRYABLE}
+                )
+                assert status in expected, (
+                    f"{where}{lookup.operation_id} looked up (found: {lookup.found}), now {status}"
+                )
+                if status is not OutcomeStatus.UNKNOWN:
+                    self.runs.setdefault((lookup.tenant, lookup.operation_id), []).append(status)
+        rows = [row for row in done.rows if row.kind == "lookup"]
+        assert len(rows) == len(done.lookups), (
+            f"{where}{len(rows)} rows, {len(done.lookups)} lookups"
+        )
+        return f"looked up {len(done.lookups)}" if done.lookups else "nothing to look up"
 
     def _check_outcome_without_run(self, step: Step, done: Done, mark: Mark, where: str) -> str:
         """An Outcome, but nothing ran: the lookup found the effect, or a duplicate."""
