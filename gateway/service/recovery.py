@@ -11,6 +11,7 @@ no agent ever calls again, and whatever was revoked or expired meanwhile.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import TYPE_CHECKING, Final
 
@@ -36,7 +37,12 @@ class Reconciler:
     """
 
     def __init__(self, gateway: Gateway, interval: float = DEFAULT_RECONCILE_SECONDS) -> None:
-        if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
+        if (
+            not isinstance(interval, int | float)
+            or isinstance(interval, bool)
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
             raise ValueError("the reconcile interval is a positive number of seconds")
         self.gateway = gateway
         self.interval = float(interval)
