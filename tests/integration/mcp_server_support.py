@@ -296,13 +296,17 @@ class HttpServer:
 
 
 @contextmanager
-def http_server(store: str, config: Path, record: Path) -> Iterator[HttpServer]:
+def http_server(
+    store: str, config: Path, record: Path, *, without: tuple[str, ...] = ()
+) -> Iterator[HttpServer]:
     """``capgate serve --http 127.0.0.1:0``, its URL read from its stderr; stopped
-    (SIGTERM) and waited for afterwards."""
+    (SIGTERM) and waited for afterwards. ``without``: variables (say, a connection's
+    secret) left out of its environment."""
+    env = {k: v for k, v in server_env(record).items() if k not in without}
     proc = subprocess.Popen(
         [str(CAPGATE), *serve_args(store, config, "--http", "127.0.0.1:0", "--log-level", "debug")],
         cwd=ROOT,
-        env=server_env(record),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

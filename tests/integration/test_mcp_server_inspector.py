@@ -115,8 +115,9 @@ class Run:
         return str(block["text"])
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def _serve(
+    tmp_path_factory: pytest.TempPathFactory, without: tuple[str, ...] = ()
+) -> Iterator[dict[str, Any]]:
     for inspector in INSPECTORS:
         if not os.access(inspector.program, os.X_OK):
             pytest.fail(f"{inspector.program.relative_to(ROOT)} is missing; run `make setup`")
@@ -126,8 +127,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     record = folder / "record.jsonl"
     home = folder / "home"  # the Inspector keeps state in $HOME/.mcp-inspector
     home.mkdir()
-    with http_server(store, config, record) as server:
+    with http_server(store, config, record, without=without) as server:
         yield {"url": server.url, "store": store, "record": record, "home": home}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def served_without_crm_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose environment lacks the CRM connection's secret."""
+    yield from _serve(tmp_path_factory, without=("CAPGATE_SECRET_ACME__CRM",))
 
 
 def inspect(served: dict[str, Any], inspector: Inspector, *method: str) -> Run:
@@ -307,3 +319,20 @@ def test_a_hidden_tool_and_a_missing_one_read_alike_through_the_inspector_cli(
     assert "payment.execute" not in hidden.stdout
     assert unseen() == before + 2  # both reached the server, and both were audited
     assert "payment.execute" not in [r["name"] for r in records(served["record"])]
+
+
+@pytest.mark.parametrize("inspector", INSPECTORS, ids=str)
+def test_a_failure_after_the_decision_reads_through_the_inspector_cli(
+    served_without_crm_secret: dict[str, Any], inspector: Inspector
+):
+    """A fault between an allow and the tool (the CRM connection's secret is missing
+    from the server's environment) fails closed, for a tool with an output schema, and
+    the client reads why."""
+    served = served_without_crm_secret
+    run = call(served, inspector, "contact.read", "contact_id=c-42")
+    read_back(run, inspector)
+    assert run.result["isError"] is True
+    assert "structuredContent" not in run.result
+    assert run.facts["error"] == "credential_unavailable"
+    assert "[credential_unavailable]" in run.text
+    assert not records(served["record"])  # the tool was never entered
