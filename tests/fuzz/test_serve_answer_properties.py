@@ -56,7 +56,7 @@ from capgate.serve.results import (
 )
 from capgate.serve.server import tool_view
 from gateway.catalogue import load_catalogue
-from gateway.digest import params_digest
+from gateway.digest import params_digest, plain_json
 from gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -75,7 +75,7 @@ from gateway.state.errors import StoreBusy, StoreError, UnknownTenant
 from gateway.state.records import ProposalRecord, ProposalStatus
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
-from tests.fuzz.strategies import emails, names
+from tests.fuzz.strategies import json_values, names, valid_value
 
 pytestmark = [pytest.mark.timeout(max(300, examples()))]
 
@@ -85,19 +85,16 @@ CONTRACTS: Final = [
     for catalogue in ("sales", "oracle-grove")
     for contract in load_catalogue(demo_catalogue_dir(catalogue)).tools.values()
 ]
-FORMATS: Final = {"email": emails, "date": st.dates().map(str), "uuid": st.uuids().map(str)}
-#: JSON as a tool's checked output can hold it (the dispatcher refuses NaN and infinity).
-JSON: Final = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+FORMATS: Final = ("date", "email", "uuid")
+
+
+def _checked(value: Any) -> bool:
+    """Whether ``value`` is JSON a tool's checked output can hold (no NaN, no infinity)."""
+    try:
+        plain_json(value, what="tool output")
+    except InvalidInput:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -108,43 +105,10 @@ def _loaded() -> None:
 # -- output schemas, each with values that fit it -----------------------------------
 
 
-def _fitting(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """Values that fit ``schema``: one that ``_SCHEMAS`` draws, or a demo contract's."""
-    if "const" in schema:
-        return st.just(schema["const"])
-    if "enum" in schema:
-        return st.sampled_from(schema["enum"])
-    kind = schema.get("type")
-    if kind == "string":
-        if "format" in schema:
-            return FORMATS[schema["format"]]
-        return st.text(min_size=schema.get("minLength", 0), max_size=12)
-    if kind == "integer":
-        return st.integers(min_value=schema.get("minimum"), max_value=10**6)
-    if kind == "number":
-        return st.floats(allow_nan=False, allow_infinity=False, width=32)
-    if kind == "boolean":
-        return st.booleans()
-    if kind == "null":
-        return st.none()
-    if kind == "array":
-        return st.lists(_fitting(schema["items"]), max_size=schema.get("maxItems", 3))
-    if kind == "object":
-        properties: dict[str, Any] = schema.get("properties", {})
-        required = set(schema.get("required", []))
-        return st.fixed_dictionaries(
-            {name: _fitting(sub) for name, sub in properties.items() if name in required},
-            optional={
-                name: _fitting(sub) for name, sub in properties.items() if name not in required
-            },
-        )
-    return JSON  # {}: anything
-
-
 _LEAVES: Final = st.one_of(
     st.just({}),
     st.builds(lambda n: {"type": "string", "minLength": n}, st.integers(0, 3)),
-    st.sampled_from(sorted(FORMATS)).map(lambda f: {"type": "string", "format": f}),
+    st.sampled_from(FORMATS).map(lambda f: {"type": "string", "format": f}),
     st.builds(lambda n: {"type": "integer", "minimum": n}, st.integers(-5, 5)),
     st.just({"type": "number"}),
     st.just({"type": "boolean"}),
@@ -204,7 +168,7 @@ def tools(draw: st.DrawFn) -> tuple[ToolContract, Any]:
     except ValidationError:
         assume(False)  # not a schema the catalogue would load
         raise
-    return contract, draw(_fitting(schema))
+    return contract, draw(valid_value(schema).filter(_checked))
 
 
 # -- answers of every kind -----------------------------------------------------------
@@ -239,7 +203,9 @@ def answers(draw: st.DrawFn, kind: str, contract: ToolContract, fitting: Any) ->
         result = (
             fitting
             if fits and isinstance(fitting, dict)
-            else draw(st.dictionaries(st.text(max_size=8), JSON, max_size=4))
+            else draw(
+                st.dictionaries(st.text(max_size=8), json_values, max_size=4).filter(_checked)
+            )
         )
         outcome = _outcome(
             contract, OutcomeStatus.SUCCESS, operation_id=operation_id, result=result
