@@ -313,9 +313,10 @@ else
 fi
 
 # 6. The MCP Inspector CLIs: clients, not servers, with a few hundred packages each, so
-# each release has its own npm prefix and the step its own stamp. The peers' tree above
-# stays as it is, and a checkout sharing .tools whose pins predate these reinstalls
-# nothing of them. The stamp lands only after both installs succeed.
+# each release has its own npm prefix and the step its own stamp: the peers' tree above
+# stays as it is, and a checkout sharing .tools whose versions.env has no Inspector pins
+# neither reinstalls its peers nor touches these. The stamp lands only after both
+# installs succeed.
 inspectors_want="@modelcontextprotocol/inspector@$MCP_INSPECTOR_VERSION in inspector
 @modelcontextprotocol/inspector@$MCP_INSPECTOR_V1_VERSION in inspector-v1"
 
