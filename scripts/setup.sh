@@ -10,7 +10,10 @@
 #      (installed from Debian's packages when missing and run as root);
 #   5. the real MCP servers the upstream tests run as peers, at the versions pinned in
 #      scripts/versions.env, in .tools/mcp-peers (npm packages with `npm install
-#      --prefix`, PyPI packages in their own venv .tools/mcp-peers/venv).
+#      --prefix`, PyPI packages in their own venv .tools/mcp-peers/venv);
+#   6. the MCP Inspector's CLI (the TypeScript SDK's client), two pinned releases, each
+#      in a folder of its own (.tools/mcp-peers/inspector, .tools/mcp-peers/inspector-v1),
+#      which the capgate serve tests drive as a client.
 #
 #   scripts/setup.sh          set up whatever is missing or stale
 #   scripts/setup.sh --check  change nothing; exit 0 when all of it is up to date
@@ -307,6 +310,47 @@ else
     "@modelcontextprotocol/server-filesystem@$MCP_SERVER_FILESYSTEM_VERSION" -- \
     "mcp-server-time==$MCP_SERVER_TIME_VERSION" "mcp-server-git==$MCP_SERVER_GIT_VERSION"
   echo "$peers_want" >"$peers/.installed"
+fi
+
+# 6. The MCP Inspector CLIs: clients, not servers, with a few hundred packages each, so
+# each release has its own npm prefix and the step its own stamp: the peers' tree above
+# stays as it is, and a checkout sharing .tools whose versions.env has no Inspector pins
+# neither reinstalls its peers nor touches these. The stamp lands only after both
+# installs succeed.
+inspectors_want="@modelcontextprotocol/inspector@$MCP_INSPECTOR_VERSION in inspector
+@modelcontextprotocol/inspector@$MCP_INSPECTOR_V1_VERSION in inspector-v1"
+
+# shellcheck disable=SC2317 # called indirectly, by run_step
+install_inspectors() { # peers folder, newest version, 1.x version
+  local dest="$1"
+  rm -f "$dest/.installed-inspectors"
+  mkdir -p "$dest/inspector" "$dest/inspector-v1"
+  npm install --prefix "$dest/inspector" --no-audit --no-fund --save-exact \
+    "@modelcontextprotocol/inspector@$2"
+  npm install --prefix "$dest/inspector-v1" --no-audit --no-fund --save-exact \
+    "@modelcontextprotocol/inspector@$3"
+}
+export -f install_inspectors
+
+inspectors_present() {
+  [ "$(cat "$peers/.installed-inspectors" 2>/dev/null || true)" = "$inspectors_want" ] &&
+    [ -x "$peers/inspector/node_modules/.bin/mcp-inspector" ] &&
+    [ -x "$peers/inspector-v1/node_modules/.bin/mcp-inspector" ]
+}
+
+if inspectors_present; then
+  echo "setup: MCP Inspector CLIs are up to date"
+elif [ "$mode" = check ]; then
+  echo "setup: MCP Inspector CLIs are not installed at their pins (.tools/mcp-peers)"
+  stale=1
+elif ! command -v npm >/dev/null; then
+  echo "setup: npm missing: install Node.js 18 or newer with npm, then run set-up again" >&2
+  exit 1
+else
+  run_step "installing the MCP Inspector CLIs ($MCP_INSPECTOR_VERSION, $MCP_INSPECTOR_V1_VERSION)" \
+    "installed the MCP Inspector CLIs in .tools/mcp-peers" "$logs/mcp-inspectors.log" \
+    install_inspectors "$peers" "$MCP_INSPECTOR_VERSION" "$MCP_INSPECTOR_V1_VERSION"
+  echo "$inspectors_want" >"$peers/.installed-inspectors"
 fi
 
 exit "$stale"

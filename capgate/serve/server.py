@@ -13,7 +13,8 @@ upstream MCP servers): whatever runs a tool, every call goes through
                                           │yes
                                           ▼
                                      Gateway.call ──▶ Outcome / ProposalRecord / error
-                                                      as a tool result (results.py)
+                                                      as a tool result, fitted to the
+                                                      tool as listed (results.py)
 
 **Who is calling** is never read from a request's arguments. Over stdio it is the
 configuration's one ``stdio`` binding; over HTTP the binding of the bearer token the
@@ -80,19 +81,22 @@ from starlette.requests import Request
 
 from capgate.serve.config import DEFAULT_POLL_SECONDS, Binding
 from capgate.serve.results import (
-    error_result,
-    internal_error,
-    outcome_result,
-    proposal_result,
-    unknown_tool,
+    Answer,
+    error_answer,
+    internal_answer,
+    outcome_answer,
+    proposal_answer,
+    tool_result,
+    unknown_tool_answer,
 )
 from gateway.errors import CapgateError, InvalidInput, quote
+from gateway.model.contracts import ToolContract
 from gateway.model.outcomes import Outcome
 from gateway.service.gateway import Gateway
 from gateway.service.requests import AgentRequest
 from gateway.version import __version__
 
-__all__ = ["OPERATION_META_KEY", "Caller", "GatewayMCP"]
+__all__ = ["OPERATION_META_KEY", "Caller", "GatewayMCP", "tool_view"]
 
 log = logging.getLogger("capgate.serve")
 
@@ -263,31 +267,6 @@ class GatewayMCP:
 
     # -- tools/list --------------------------------------------------------------------------
 
-    def _tool(self, name: str) -> types.Tool:
-        """A visible tool as the catalogue describes it (never as a transport does)."""
-        contract = self.gateway.catalogue.tools[name]
-        reviewed = contract.needs_review
-        description = contract.description.strip()
-        if reviewed:
-            description += (
-                "\n\n(Calls of this tool are proposed for review, not run: the answer is a "
-                "proposal id.)"
-            )
-        tool: dict[str, Any] = {
-            "name": name,
-            "description": description,
-            "inputSchema": contract.input_schema,
-            "annotations": {
-                "readOnlyHint": contract.mode.value == "read",
-                "idempotentHint": contract.idempotency.value != "not_idempotent",
-            },
-            "_meta": {"capgate/contract": {"version": contract.version, "review": reviewed}},
-        }
-        # A reviewed call answers with a proposal, not with the tool's output.
-        if not reviewed and contract.output_schema.get("type") == "object":
-            tool["outputSchema"] = contract.output_schema
-        return types.Tool.model_validate(tool)
-
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -307,7 +286,8 @@ class GatewayMCP:
             ) from None
         names = sorted(decision.visible)
         self._watch_connection(ctx, caller, frozenset(names))
-        tools = [self._tool(name) for name in names]
+        catalogue = self.gateway.catalogue.tools
+        tools = [tool_view(catalogue[name]) for name in names]
         # Private and never fresh: the list is this caller's, and may change any time.
         return types.ListToolsResult(tools=tools, ttl_ms=0, cache_scope="private")
 
@@ -316,19 +296,28 @@ class GatewayMCP:
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        caller = self.caller(ctx)
+        tool, answer = await self._answer(self.caller(ctx), params)
+        return tool_result(answer, tool)
+
+    async def _answer(
+        self, caller: Caller, params: types.CallToolRequestParams
+    ) -> tuple[types.Tool | None, Answer]:
+        """The answer to a call, and the tool it answers as the caller was shown it:
+        ``None`` until the name is known to be visible to the caller."""
         name = params.name
         arguments = dict(params.arguments or {})
         operation_id = (params.meta or {}).get(OPERATION_META_KEY)
         if operation_id is not None and not isinstance(operation_id, str):
-            return error_result(InvalidInput(f"_meta {OPERATION_META_KEY!r} must be a string"))
+            return None, error_answer(
+                InvalidInput(f"_meta {OPERATION_META_KEY!r} must be a string")
+            )
         try:
             visible = await self.visible(caller)
         except CapgateError as exc:
-            return error_result(exc)
+            return None, error_answer(exc)
         except Exception as exc:
             log.error("compose before a call failed unexpectedly (%s)", type(exc).__name__)
-            return internal_error()
+            return None, internal_answer()
         if name not in visible:
             log.info("tools/call of a tool not visible to %s: %s", caller.key, quote(name, 60))
             record = functools.partial(self.gateway.record_unseen_call, caller.request, name)
@@ -336,22 +325,23 @@ class GatewayMCP:
                 await self._in_thread(self._calls, record)
             except Exception as exc:  # the answer stays the same; the audit gap is logged
                 log.error("could not record a call of an unseen tool (%s)", type(exc).__name__)
-            return unknown_tool()
+            return None, unknown_tool_answer()
+        tool = tool_view(self.gateway.catalogue.tools[name])
         call = functools.partial(
             self.gateway.call, caller.request, name, arguments, operation_id=operation_id
         )
         try:
             answer = await self._in_thread(self._calls, call)
         except CapgateError as exc:
-            return error_result(exc)
+            return tool, error_answer(exc)
         except Exception as exc:
             log.error("tools/call of %s failed unexpectedly (%s)", quote(name), type(exc).__name__)
-            return internal_error()
+            return tool, internal_answer()
         finally:
             self._wake(caller.key)
         if isinstance(answer, Outcome):
-            return outcome_result(answer)
-        return proposal_result(answer)
+            return tool, outcome_answer(answer)
+        return tool, proposal_answer(answer)
 
     # -- list_changed ----------------------------------------------------------------------
 
@@ -458,6 +448,34 @@ class _ConnectionWatch:
 
     def set_listed(self, names: frozenset[str]) -> None:
         self.listed = names
+
+
+def tool_view(contract: ToolContract) -> types.Tool:
+    """A tool as ``tools/list`` shows it: as the catalogue describes it (never as a
+    transport does). Its output schema is advertised only for a tool that runs
+    directly and whose output schema is an object: a reviewed call answers with a
+    proposal, not with the tool's output. ``results.tool_result`` fits every answer to
+    this same view."""
+    reviewed = contract.needs_review
+    description = contract.description.strip()
+    if reviewed:
+        description += (
+            "\n\n(Calls of this tool are proposed for review, not run: the answer is a "
+            "proposal id.)"
+        )
+    tool: dict[str, Any] = {
+        "name": contract.name,
+        "description": description,
+        "inputSchema": contract.input_schema,
+        "annotations": {
+            "readOnlyHint": contract.mode.value == "read",
+            "idempotentHint": contract.idempotency.value != "not_idempotent",
+        },
+        "_meta": {"capgate/contract": {"version": contract.version, "review": reviewed}},
+    }
+    if not reviewed and contract.output_schema.get("type") == "object":
+        tool["outputSchema"] = contract.output_schema
+    return types.Tool.model_validate(tool)
 
 
 def _connection_of(ctx: Context) -> Connection | None:

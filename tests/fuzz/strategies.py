@@ -172,8 +172,13 @@ hostile_values = st.one_of(
 )
 
 
+#: Values of the string formats :func:`valid_value` knows.
+_FORMATTED: Final = {"email": emails, "date": st.dates().map(str), "uuid": st.uuids().map(str)}
+
+
 def valid_value(schema: Any) -> st.SearchStrategy[Any]:
-    """Values that fit the simple schemas of the demo catalogue's parameters."""
+    """Values that fit the simple schemas of the demo catalogue's parameters (and the
+    output schemas ``test_serve_answer_properties`` draws)."""
     if not isinstance(schema, dict):
         return json_values
     if "const" in schema:
@@ -182,8 +187,8 @@ def valid_value(schema: Any) -> st.SearchStrategy[Any]:
         return st.sampled_from(schema["enum"])
     kind = schema.get("type")
     if kind == "string":
-        if schema.get("format") == "email":
-            return emails
+        if schema.get("format") in _FORMATTED:
+            return _FORMATTED[schema["format"]]
         low, high = schema.get("minLength", 0), schema.get("maxLength", 10**9)
         pattern = schema.get("pattern")
         if isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$"):
@@ -197,6 +202,8 @@ def valid_value(schema: Any) -> st.SearchStrategy[Any]:
         return st.floats(allow_nan=False, allow_infinity=False)
     if kind == "boolean":
         return st.booleans()
+    if kind == "null":
+        return st.none()
     if kind == "object":
         properties = schema.get("properties", {})
         required = set(schema.get("required", []))
@@ -207,7 +214,7 @@ def valid_value(schema: Any) -> st.SearchStrategy[Any]:
             },
         )
     if kind == "array":
-        return st.lists(valid_value(schema.get("items", {})), max_size=3)
+        return st.lists(valid_value(schema.get("items", {})), max_size=schema.get("maxItems", 3))
     return json_values
 
 

@@ -10,8 +10,10 @@ official ``mcp`` client (``mcp.client.client.Client``).
 wrapped so that every run is written (name, parameters, the whole ``CallContext``,
 the revealed credential) to the JSON-lines file ``$CAPGATE_TEST_RECORD``, so a test
 can show what reached the tools; and so that reading contact ``c-slow`` takes
-``SLOW_SECONDS``. Its descriptions are deliberately wrong: a server that showed an
-adapter's description instead of the catalogue's would be caught.
+``SLOW_SECONDS``, contact ``c-busy`` ends ``retryable`` (retry after
+``RETRY_AFTER_SECONDS``) and contact ``c-lost`` ends ``unknown``. Its descriptions are
+deliberately wrong: a server that showed an adapter's description instead of the
+catalogue's would be caught.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.serve.config import token_digest
 from gateway.dispatch.transport import CallContext
+from gateway.model.outcomes import ToolRetryable, ToolUnknown
 from gateway.opa.binary import find_opa_binary
 from gateway.state import open_store
 from gateway.state.records import LedgerEntry
@@ -51,6 +54,8 @@ CAPGATE = ROOT / ".venv" / "bin" / "capgate"
 SALES = demo_catalogue_dir("sales")
 RECORD_ENV = "CAPGATE_TEST_RECORD"
 SLOW_SECONDS = 2.0
+#: The wait contact ``c-busy``'s retryable outcome asks for.
+RETRY_AFTER_SECONDS = 30
 #: The connection secrets the servers resolve (EnvironmentCredentials).
 SECRETS = {
     "CAPGATE_SECRET_ACME__CRM": "crm-secret-7f3a",
@@ -106,6 +111,10 @@ class _Recording:
                 out.write(json.dumps(entry) + "\n")
         if name == "contact.read" and params.get("contact_id") == "c-slow":
             time.sleep(SLOW_SECONDS)
+        if name == "contact.read" and params.get("contact_id") == "c-busy":
+            raise ToolRetryable("the CRM is busy", retry_after_seconds=RETRY_AFTER_SECONDS)
+        if name == "contact.read" and params.get("contact_id") == "c-lost":
+            raise ToolUnknown("the CRM took the request, then its answer was lost")
         return self._inner.run(name, params, context)
 
 
@@ -166,6 +175,8 @@ LINKED = [
     {"type": "contact", "id": "c-42"},
     {"type": "contact", "id": "c-77"},
     {"type": "contact", "id": "c-slow"},
+    {"type": "contact", "id": "c-busy"},
+    {"type": "contact", "id": "c-lost"},
     {"type": "opportunity", "id": "opp-17"},
     {"type": "invoice", "id": "inv-9"},
 ]
@@ -285,13 +296,17 @@ class HttpServer:
 
 
 @contextmanager
-def http_server(store: str, config: Path, record: Path) -> Iterator[HttpServer]:
+def http_server(
+    store: str, config: Path, record: Path, *, without: tuple[str, ...] = ()
+) -> Iterator[HttpServer]:
     """``capgate serve --http 127.0.0.1:0``, its URL read from its stderr; stopped
-    (SIGTERM) and waited for afterwards."""
+    (SIGTERM) and waited for afterwards. ``without``: variables (say, a connection's
+    secret) left out of its environment."""
+    env = {k: v for k, v in server_env(record).items() if k not in without}
     proc = subprocess.Popen(
         [str(CAPGATE), *serve_args(store, config, "--http", "127.0.0.1:0", "--log-level", "debug")],
         cwd=ROOT,
-        env=server_env(record),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -117,7 +117,8 @@ from capgate.demo import demo_catalogue_dir
 from capgate.serve import command as serve_command
 from capgate.serve.config import parse_config
 from capgate.serve.http import MCP_PATH, parse_listen_address
-from capgate.serve.results import error_result, unknown_tool
+from capgate.serve.results import error_answer, tool_result, unknown_tool_answer
+from capgate.serve.server import tool_view
 from gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
 from gateway.digest import params_digest
 from gateway.dispatch.dispatcher import Dispatcher
@@ -572,12 +573,19 @@ class _NoPolicy:
 
 
 def _serve_results() -> list[dict[str, Any]]:
-    """What capgate.serve answers for a denial, a hidden tool, invalid arguments."""
-    dispatcher = Dispatcher(load_catalogue(SALES), _NoPolicy(), ToolRegistry())
+    """What capgate.serve answers for a denial of ``contact.read`` and invalid arguments
+    to it (fitted to the tool as tools/list shows it), and for a hidden tool."""
+    catalogue = load_catalogue(SALES)
+    dispatcher = Dispatcher(catalogue, _NoPolicy(), ToolRegistry())
     with pytest.raises(InvalidInput) as invalid:
         dispatcher.prepare("contact.read", {"contact_id": 42})
     denial = CapabilityViolation("contact.read", [Reason(code="subject_out_of_scope", message="-")])
-    answers = [error_result(denial), unknown_tool(), error_result(invalid.value)]
+    read = tool_view(catalogue.tools["contact.read"])
+    answers = [
+        tool_result(error_answer(denial), read),
+        tool_result(unknown_tool_answer(), None),
+        tool_result(error_answer(invalid.value), read),
+    ]
     dumped = [a.model_dump(by_alias=True, mode="json", exclude_none=True) for a in answers]
     return [{k: v for k, v in answer.items() if k != "resultType"} for answer in dumped]
 

@@ -183,12 +183,16 @@ def test_calls_go_through_the_gateway_and_come_back_as_tool_results(
             )
             assert proposed.is_error is False
             pending = proposed.structured_content or {}
-            assert pending["status"] == "pending_review"
+            assert pending["status"] == "pending_review"  # a reviewed tool: no output schema
+            assert (proposed.meta or {})["capgate/outcome"] == pending
             assert "quote.record_reviewed" not in [r["name"] for r in records(state["record"])]
 
+            # The facts of an answer are in _meta; structuredContent is only ever what
+            # the tool's output schema admits, so an error for contact.read has none.
             denied = await client.call_tool("contact.read", {"contact_id": "c-99"})
             assert denied.is_error is True
-            assert denied.structured_content == {
+            assert denied.structured_content is None
+            assert (denied.meta or {})["capgate/outcome"] == {
                 "error": "capability_denied",
                 "reason_codes": ["subject_out_of_scope"],
                 "message": denied.content[0].text,  # type: ignore[union-attr]
@@ -197,10 +201,11 @@ def test_calls_go_through_the_gateway_and_come_back_as_tool_results(
 
             refused = await client.call_tool("contact.verify_email", {"contact_id": "c-77"})
             assert refused.is_error is True
-            assert (refused.structured_content or {})["error"] == "tool_refused"
-            assert (refused.structured_content or {})["tool_error"] == (
-                "the contact's email address is not verified"
-            )
+            assert refused.structured_content is None
+            refusal = (refused.meta or {})["capgate/outcome"]
+            assert refusal["error"] == "tool_refused"
+            assert refusal["tool_error"] == "the contact's email address is not verified"
+            assert refusal["operation_id"] in refused.content[0].text  # type: ignore[union-attr]
 
         store = open_store(state["store"])
         try:
@@ -235,7 +240,8 @@ def test_invalid_arguments_name_the_field_not_the_value(state: dict[str, Any], m
             (extra, ["'tenant'"]),
         ):
             assert result.is_error is True
-            assert (result.structured_content or {})["error"] == "input_invalid"
+            assert result.structured_content is None
+            assert (result.meta or {})["capgate/outcome"]["error"] == "input_invalid"
             text = result.model_dump_json()
             assert all(word in text for word in words), text
             assert secret not in text
@@ -320,7 +326,9 @@ def test_a_hidden_tool_and_a_missing_one_get_the_same_bytes(state: dict[str, Any
     finally:
         assert raw.close() == 0  # stdin closed: the server ends cleanly
     first = answers["hidden (payment.execute, valid arguments)"]
-    assert json.loads(first)["result"]["structuredContent"]["error"] == "unknown_tool"
+    result = json.loads(first)["result"]
+    assert result["_meta"]["capgate/outcome"]["error"] == "unknown_tool"
+    assert "structuredContent" not in result  # whatever schema the name had been listed with
     assert all(answer == first for answer in answers.values()), answers
     assert visible != first
     assert "payment.execute" not in [r["name"] for r in records(state["record"])]
@@ -453,7 +461,8 @@ def test_a_replaced_policy_bundle_is_announced_and_fails_closed(
                     with pytest.raises(MCPError, match="policy_unavailable"):
                         await client.list_tools()
                     refused = await client.call_tool("contact.read", {"contact_id": "c-42"})
-                    assert (refused.structured_content or {})["error"] == "policy_unavailable"
+                    assert (refused.meta or {})["capgate/outcome"]["error"] == "policy_unavailable"
+                    assert refused.structured_content is None
                 with opa_at(address, ours, tmp_path / "ours-again.log"):
                     with anyio.fail_after(5):
                         await changed.wait()

@@ -186,7 +186,8 @@ def test_each_token_sees_its_own_principals_tools(
             )
             missing = await support.call_tool("quote.nonexistent", {})
             assert hidden.model_dump_json() == missing.model_dump_json()
-            assert (hidden.structured_content or {})["error"] == "unknown_tool"
+            assert (hidden.meta or {})["capgate/outcome"]["error"] == "unknown_tool"
+            assert hidden.structured_content is None
         assert "quote.propose" in expected["ada"]
         assert "quote.propose" not in expected["bob"]
 

@@ -354,5 +354,6 @@ def test_a_second_setup_changes_nothing_and_takes_about_a_second(built_tools: No
         "setup: Docker engine and docker-compose present",
         "setup: debootstrap present",
         "setup: MCP peers are up to date",
+        "setup: MCP Inspector CLIs are up to date",
     ]
     assert elapsed < 5, f"a setup with nothing to do took {elapsed:.1f}s"
