@@ -43,7 +43,8 @@ the tool ran, success      false     ``tool``, ``version``, ``status``, ``operat
                                      the tool's result (untrusted data, checked against
                                      the contract's output schema)
 proposed for review        false     ``{"status": "pending_review", "proposal_id",
-                                     "operation_id", "tool", "version", "decision_id"}``
+                                     "operation_id", "tool", "version", "decision_id"}``,
+                                     and ``unsettled_twins`` when there are any
 ran, did not succeed       true      a success's keys and ``"error": "tool_<status>"``,
                                      ``recovery``, ``retry_after_seconds``,
                                      ``tool_error``
@@ -233,6 +234,14 @@ def proposal_answer(proposal: ProposalRecord) -> Answer:
         "was run. A person reviews it and the execution service dispatches it; calling "
         "again does not speed that up."
     )
+    if proposal.unsettled_twins:
+        facts["unsettled_twins"] = list(proposal.unsettled_twins)
+        text += (
+            " Warning: operation(s) "
+            + ", ".join(proposal.unsettled_twins)
+            + " with exactly this content have no settled outcome yet (they may already "
+            "have done it); the reviewer is told."
+        )
     return Answer(text, facts, error=False)
 
 

@@ -240,6 +240,7 @@ def answers(draw: st.DrawFn, kind: str, contract: ToolContract, fitting: Any) ->
             status=ProposalStatus.PENDING,
             created_at=now,
             updated_at=now,
+            unsettled_twins=draw(st.lists(ids.map(lambda i: f"op-{i}"), max_size=2)),
         )
         return proposal_answer(proposal)
     if kind == "denied":
