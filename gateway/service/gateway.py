@@ -15,13 +15,17 @@ with the facts as they are at that moment::
                                    └─ deny ──▶ proposal blocked, nothing sent
 
 Each step is one store transaction, and the ledger gets a row for every compose,
-decision, proposal, review, intent and outcome. An operation's *intent* is written
-(with its budget reserved) before its tool runs, so a crash between run and record
-leaves a ``running`` operation that :meth:`Gateway.reconcile` (or the next attempt,
-once the lease is over) turns into ``unknown``; retrying an ``unknown`` operation
-first asks the adapter's lookup for a receipt, and sends again only if there is none
-(LOOKUP_BEFORE_RETRY). The same operation id with the same call returns the first
-outcome; with another call it is an :class:`~gateway.errors.OperationConflict`.
+decision, proposal, review, intent, outcome and lookup. An operation's *intent* is
+written (with its budget reserved) before its tool runs, so a crash between run and
+record leaves a ``running`` operation that :meth:`Gateway.reconcile` (or the next
+attempt, once the lease is over) turns into ``unknown``. An ``unknown`` operation
+keeps its reservation until it is settled, and is settled by looking, never by
+acting: :meth:`Gateway.look_up` and ``reconcile`` ask the adapter's lookup without
+any allow (nothing is sent, so an expired approval or a revoked connection does not
+stand in the way); a retry through ``call`` or ``dispatch`` looks it up too before
+sending again (LOOKUP_BEFORE_RETRY). The same operation id with the same call
+returns the first outcome; with another call it is an
+:class:`~gateway.errors.OperationConflict`.
 """
 
 from __future__ import annotations
