@@ -552,3 +552,27 @@ def test_cli_eval_reports_a_nested_answer_as_an_error(
     assert "policy_unavailable" in err
     assert "nested too deeply" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["explain", "eval"])
+def test_a_wedged_opa_fails_an_explanation_closed_naming_its_deadline(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """explain and eval compose ask about every tool: past that question's deadline
+    (--timeout plus its allowance a tool) they fail closed, saying which question,
+    the deadline, and how to allow more."""
+    facts = tmp_path / "compose.json"
+    facts.write_text(FACTS.model_dump_json(), encoding="utf-8")
+    with FakeOPA("unix") as fake:
+        serve_well(fake)
+        fake.route("/v1/data/capgate/explain/compose", Reply.of(STALL))
+        where = ["--catalogue", str(SALES), "--opa", fake.address, "--timeout", "0.2"]
+        code = main([command, "compose", str(facts), *where])
+        asked = [seen.path for seen in fake.seen]
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR
+    assert asked[-1] == "/v1/data/capgate/explain/compose"
+    assert "OPA did not answer capgate/explain/compose in time" in err
+    assert "read timeout 0.214s (0.2s + 2 ms for each of 7 tools)" in err
+    assert "whole answer 0.678s" in err
+    assert "--timeout of the capgate command" in err
