@@ -161,6 +161,25 @@ def live(
         yield sidecar, server.pid
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it has stopped.
+
+    A stop is not synchronous: on a loaded machine OPA's threads went on for a few
+    milliseconds after kill() returned, long enough to answer one more question.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30  # a bound against a hang, not a measure
+    while True:
+        states = [
+            (task / "stat").read_text().rpartition(")")[2].split()[0]
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        ]
+        if all(state in {"T", "t"} for state in states):
+            return
+        assert time.monotonic() < deadline, f"OPA {pid} did not stop: {states}"
+        time.sleep(0.01)
+
+
 def test_a_frozen_opa_fails_closed_within_the_deadline_and_recovers(
     live: tuple[PolicySidecar, int], sales_catalogue: Catalogue
 ) -> None:
@@ -171,7 +190,7 @@ def test_a_frozen_opa_fails_closed_within_the_deadline_and_recovers(
     assert tools.entered == ["contact.read"]
     tools.entered.clear()
 
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         for question in (read_contact, lambda d: d.compose(SALES_FACTS), read_contact):
             started = time.monotonic()
