@@ -128,14 +128,14 @@ DEFAULT_TIMEOUT: Final = 0.5
 DEFAULT_CONNECT_TIMEOUT: Final = 0.25
 #: Seconds added to the timeout for each tool of the catalogue, for a question whose
 #: work and answer grow with the whole catalogue (:func:`whole_catalogue_timeout`).
-#: Explaining compose builds six checks, each with the facts it read, for every
-#: tool: OPA took 0.2 to 0.3 ms a tool before its first byte on a busy 2-core machine
-#: (load about 3: 212 ms at 1,000 tools, 3.1 s and a 6 MB answer at 10,000;
-#: docs/benchmarks.md), against 1.7 and 10 ms for compose. No fixed timeout fits
-#: both: half a second is already short of a 1,000-tool explanation on a machine
-#: twice as busy, and 10,000 tools take six times it on a quiet one. Two ms a tool
-#: is several times the measured cost, so a machine with its cores loaded still
-#: answers in time, and the whole-answer deadline doubles it again.
+#: Explaining compose gives six checks, each with the facts it read, for every tool:
+#: with both cores of a 2-core machine loaded, its slowest exchange took 0.9 s at
+#: 1,000 tools and 5.5 s (a 6 MB answer) at 10,000, against 8 and 31 ms for compose
+#: (docs/benchmarks.md). No fixed timeout fits both: half a second is short of the
+#: 1,000-tool explanation there, and whatever fits 10,000 tools would let a wedged
+#: OPA hold an agent's call for seconds. Two ms a tool gives the slowest of those
+#: exchanges three to four times what it took, and the whole-answer deadline
+#: doubles that again.
 PER_TOOL_TIMEOUT: Final = 0.002
 
 # Base URL used for unix sockets: the host is never resolved, only sent as Host header.
