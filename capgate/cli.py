@@ -7,8 +7,8 @@
     capgate bundle CATALOGUE_DIR OUT.tar.gz --sign-key KEY --token-file FILE
                                           write the signed deployment bundle
     capgate deploy init DIR               make a deployment's token, keys, OPA config
-    capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json]
-    capgate explain compose|execute INPUT --catalogue DIR [--opa URL] [--json]
+    capgate eval compose|execute INPUT --catalogue DIR [--opa URL] [--json] [--timeout S]
+    capgate explain compose|execute INPUT --catalogue DIR [--opa URL] [--json] [--timeout S]
                                           a decision check by check, from the policy
     capgate diff BASE [HEAD] --catalogue PATH [--markdown|--json] [--fail-on-widen]
                                           what a policy or catalogue change flips
@@ -58,6 +58,7 @@ from capgate.commands.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    add_timeout,
     exit_codes,
     read_input,
 )
@@ -121,7 +122,7 @@ def _eval(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     model = ComposeInput if args.question == "compose" else ExecuteInput
     facts = read_input(model, args.input)
-    with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
+    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
         if isinstance(facts, ExecuteInput):
             executed = sidecar.client.execute(facts)
             if executed.allow:
@@ -260,6 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--catalogue", type=Path, required=True, help="catalogue folder")
     ev.add_argument("--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)")
     ev.add_argument("--json", action="store_true", help="print the decision as JSON")
+    add_timeout(ev)
     ev.set_defaults(run=_eval)
 
     state.register(sub)

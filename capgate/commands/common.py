@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import getpass
 import json
+import math
 import os
 import re
 import textwrap
@@ -37,6 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gateway.errors import InvalidInput, quote
 from gateway.model.facts import Identifier
+from gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
 from gateway.state import open_store, parse_store_url
 from gateway.state.errors import StoreBusy, StoreError, StoreURLError
 from gateway.state.records import MAX_AMOUNT
@@ -50,6 +52,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "MAX_TIMEOUT",
     "STORE_ENV",
     "STORE_EXITS",
     "Actions",
@@ -60,6 +63,7 @@ __all__ = [
     "add_by",
     "add_group",
     "add_json",
+    "add_timeout",
     "amount",
     "exit_codes",
     "identifier",
@@ -69,6 +73,7 @@ __all__ = [
     "read_input",
     "redact_url",
     "safe",
+    "seconds",
     "shown",
     "table",
     "ttl",
@@ -178,6 +183,41 @@ def add_action(
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+#: The longest ``--timeout`` accepted: a question that takes longer is better not waited for.
+MAX_TIMEOUT: Final = 3600.0
+
+
+def seconds(text: str) -> float:
+    """``--timeout``'s value: seconds, more than 0 and at most :data:`MAX_TIMEOUT`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT:  # NaN and infinity fail this too
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number of seconds above 0 and at most {MAX_TIMEOUT:g}"
+        )
+    return value
+
+
+def add_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--timeout SECONDS``: how long OPA may take to answer (the client's timeout).
+
+    The default is :data:`~gateway.opa.client.DEFAULT_TIMEOUT`; a question about
+    every tool of the catalogue adds its allowance a tool to whichever is used
+    (:func:`~gateway.opa.client.whole_catalogue_timeout`).
+    """
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"seconds OPA may take for each read of an answer (default {DEFAULT_TIMEOUT:g}); "
+        f"a question about the whole catalogue adds {PER_TOOL_TIMEOUT * 1000:g} ms for each "
+        "of its tools, and the whole answer may take twice that",
+    )
 
 
 def add_by(parser: argparse.ArgumentParser, *, required: bool = False) -> None:

@@ -3,6 +3,7 @@
     capgate diff BASE [HEAD] --catalogue PATH [--policies PATH] [--repo DIR]
                  [--limit N] [--seed S] [--call-limit N] [--show N]
                  [--markdown | --json] [--no-reasons] [--no-calls] [--fail-on-widen]
+                 [--timeout SECONDS]
 
 A reviewer of a policy pull request asks first what the change does to the whole
 catalogue, not to the one example in its tests. This command answers by asking both
@@ -33,7 +34,9 @@ Each revision's ``--policies`` folder and ``--catalogue`` folder are extracted w
 bundle written as ``capgate bundle`` writes it (:func:`gateway.opa.bundle.write_bundle`),
 and one ``opa eval`` per batch of scenarios or calls evaluates them against that
 bundle (``data.capgate.compose.decision``, ``data.capgate.execute.decision``), so
-nothing of a decision is computed here.
+nothing of a decision is computed here. Each ``opa eval`` is stopped, and the diff
+fails, past :func:`eval_seconds`: what the policy client allows its questions (the
+``--timeout``, and for a compose scenario an allowance a tool), summed over the batch.
 
 **Reasons.** The reasons of a hidden tool are the codes of its failing checks, from
 the first of these entrypoints the revision defines (:data:`REASON_SOURCES`):
@@ -75,7 +78,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from capgate.commands.common import EXIT_ERROR, EXIT_OK, Actions, exit_codes, safe
+from capgate.commands.common import EXIT_ERROR, EXIT_OK, Actions, add_timeout, exit_codes, safe
 from gateway.catalogue import load_catalogue
 from gateway.digest import digest_of
 from gateway.errors import InvalidInput, PolicyUnavailable
@@ -83,6 +86,7 @@ from gateway.model.contracts import Catalogue, ToolContract
 from gateway.model.facts import ComposeInput, ExecuteInput
 from gateway.opa.binary import find_opa_binary
 from gateway.opa.bundle import write_bundle
+from gateway.opa.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
 
 __all__ = [
     "CALL_VARIANTS",
@@ -95,6 +99,7 @@ __all__ = [
     "Flip",
     "Matrix",
     "Scenario",
+    "eval_seconds",
     "register",
 ]
 
@@ -322,6 +327,9 @@ class Side:
     bundle: Path
     #: --no-reasons: reasons are not asked for
     reasons: bool = True
+    #: --timeout: the seconds each question may take, before the allowance a tool of a
+    #: question about the whole catalogue (:func:`eval_seconds`)
+    timeout: float = DEFAULT_TIMEOUT
     #: the entrypoint the reasons were read from (:data:`REASON_SOURCES`, :data:`EXCLUDED`)
     reasons_source: str = EXCLUDED
     #: per scenario: visible names, and reason codes per hidden tool
@@ -406,18 +414,48 @@ def _opa_error(done: subprocess.CompletedProcess[bytes]) -> str:
     return safe(" ".join(lines[:3]))[:600]
 
 
+def eval_seconds(side: Side, *, composes: int = 0, calls: int = 0) -> float:
+    """How long one ``opa eval`` of ``side`` may take before it is stopped.
+
+    Each compose scenario asks about every tool of the catalogue (the visible set and
+    every hidden tool's codes), so it is allowed what the policy client allows such a
+    question, :func:`~gateway.opa.client.whole_catalogue_timeout`; each call is a
+    question about one tool, allowed the plain timeout. Starting ``opa eval`` (reading
+    and compiling the bundle, which grows with the catalogue) counts as one more
+    whole-catalogue question, and the sum is doubled, as an exchange with OPA may
+    take twice its timeout. A bound against a hung ``opa eval``, far above what a
+    batch takes (docs/policy-authoring.md), that grows with the catalogue and the batch.
+    """
+    whole = whole_catalogue_timeout(side.timeout, len(side.catalogue.tools))
+    return 2 * (whole * (1 + composes) + side.timeout * calls)
+
+
 def _opa_eval(
-    opa: Path, bundle: Path, query: str, scenarios: list[dict[str, Any]], label: str
+    opa: Path,
+    bundle: Path,
+    query: str,
+    scenarios: list[dict[str, Any]],
+    label: str,
+    seconds: float,
 ) -> Any:
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=bundle.parent) as file:
         json.dump({"scenarios": scenarios}, file)
         file.flush()
         command = [str(opa), "eval", "--format", "json", "--bundle", str(bundle)]
-        done = subprocess.run(
-            [*command, "--input", file.name, query],
-            capture_output=True,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [*command, "--input", file.name, query],
+                capture_output=True,
+                check=False,
+                timeout=seconds,
+            )
+        except subprocess.TimeoutExpired:  # run() has killed it and waited
+            raise PolicyUnavailable(
+                f"opa eval of {len(scenarios)} question(s) did not finish within {seconds:g}s "
+                f"on the bundle of {label} (eval_seconds: the timeout, plus its allowance a "
+                "tool for a question about the whole catalogue, twice over); if OPA is "
+                "only slow, give a longer --timeout"
+            ) from None
     if done.returncode != 0:
         raise PolicyUnavailable(f"opa eval failed on the bundle of {label}: {_opa_error(done)}")
     result = json.loads(done.stdout).get("result") or []
@@ -433,7 +471,8 @@ def _evaluate(side: Side, opa: Path, matrix: Matrix, scenarios: list[Scenario]) 
         side.reasons_source, query = _reasons_query(side, opa, inputs[:1])
     for start in range(0, len(inputs), _BATCH):
         batch = inputs[start : start + _BATCH]
-        values = _opa_eval(opa, side.bundle, query, batch, side.label)
+        seconds = eval_seconds(side, composes=len(batch))
+        values = _opa_eval(opa, side.bundle, query, batch, side.label, seconds)
         if not isinstance(values, list) or len(values) != len(batch):
             raise PolicyUnavailable(
                 f"{side.name} ({side.label}): the compose decision was undefined for some "
@@ -456,7 +495,7 @@ def _evaluate(side: Side, opa: Path, matrix: Matrix, scenarios: list[Scenario]) 
 def _reasons_query(side: Side, opa: Path, probe: list[dict[str, Any]]) -> tuple[str, str]:
     """The first source of reasons the revision defines, and the query that reads it."""
     for source, defined, query in REASON_SOURCES:
-        if _opa_eval(opa, side.bundle, defined, probe, side.label):
+        if _opa_eval(opa, side.bundle, defined, probe, side.label, eval_seconds(side, composes=1)):
             return source, query
     return EXCLUDED, _DECISION_QUERY
 
@@ -616,7 +655,8 @@ def _evaluate_calls(
     ]
     for start in range(0, len(inputs), _CALL_BATCH):
         batch = inputs[start : start + _CALL_BATCH]
-        values = _opa_eval(opa, side.bundle, _CALL_QUERY, batch, side.label)
+        seconds = eval_seconds(side, calls=len(batch))
+        values = _opa_eval(opa, side.bundle, _CALL_QUERY, batch, side.label, seconds)
         if not isinstance(values, list) or len(values) != len(batch):
             raise PolicyUnavailable(
                 f"{side.name} ({side.label}): the execute decision was undefined for some calls"
@@ -877,6 +917,8 @@ def run(args: argparse.Namespace) -> int:
         base = _prepare("base", args.base, repo, policies, catalogue, work)
         head = _prepare("head", args.head, repo, policies, catalogue, work)
         base.reasons = head.reasons = not args.no_reasons
+        if args.timeout is not None:
+            base.timeout = head.timeout = args.timeout
         matrix = Matrix.of([base.catalogue, head.catalogue], args.limit, args.seed)
         scenarios = matrix.scenarios()
         print(f"capgate diff: {matrix.describe()}", file=sys.stderr, flush=True)
@@ -972,4 +1014,5 @@ def register(sub: Actions) -> None:
         action="store_true",
         help=f"exit {EXIT_WIDENED} if any decision goes hidden -> visible or denied -> allowed",
     )
+    add_timeout(parser)
     parser.set_defaults(run=run)

@@ -1,11 +1,16 @@
 """``capgate explain compose|execute INPUT``: a decision, check by check, as the policy sees it.
 
     capgate explain compose INPUT --catalogue DIR [--opa URL] [--tool NAME] [--json]
-    capgate explain execute INPUT --catalogue DIR [--opa URL] [--json]
+                            [--timeout SECONDS]
+    capgate explain execute INPUT --catalogue DIR [--opa URL] [--json] [--timeout SECONDS]
 
 INPUT is a compose or execute input document, JSON or YAML, bare or in OPA's
 ``{"input": ...}`` envelope, exactly as ``capgate eval`` reads it; the OPA is the
 embedded one, or ``--opa`` / ``$CAPGATE_OPA_URL``, as for ``eval``.
+
+Explaining compose is a question about every tool of the catalogue: OPA's work and
+answer grow with it, and so does how long it may take (``--timeout`` plus an
+allowance a tool, :func:`gateway.opa.client.whole_catalogue_timeout`).
 
 Nothing here decides. The answer is the policy's explain entrypoint
 (``data.capgate.explain.compose`` or ``.execute``, through
@@ -36,6 +41,7 @@ from capgate.commands.common import (
     EXIT_OK,
     Actions,
     add_group,
+    add_timeout,
     exit_codes,
     print_json,
     read_input,
@@ -91,7 +97,7 @@ def _compose(args: argparse.Namespace) -> int:
     facts = read_input(ComposeInput, args.input)
     if args.tool is not None and args.tool not in catalogue.tools:
         raise InvalidInput(f"--tool: the catalogue has no tool {quote(args.tool)}")
-    with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
+    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
         explanation: ComposeExplanation = sidecar.client.explain_compose(facts)
         decision = sidecar.client.compose(facts)
     if sorted(decision.visible) != explanation.visible:
@@ -128,7 +134,7 @@ def _compose(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     facts = read_input(ExecuteInput, args.input)
-    with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
+    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
         explanation: ExecuteExplanation = sidecar.client.explain_execute(facts)
         decision = sidecar.client.execute(facts)
     if decision.allow != explanation.allow:
@@ -180,6 +186,7 @@ def register(sub: Actions) -> None:
             "--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)"
         )
         parser.add_argument("--json", action="store_true", help="print the explanation as JSON")
+        add_timeout(parser)
         if name == "compose":
             parser.add_argument("--tool", help="explain this tool only")
         parser.set_defaults(run=run)

@@ -35,6 +35,16 @@ policy itself puts in the decision. A client given the digest (and revision) it
 expects refuses a decision made under anything else: an OPA restarted with another
 bundle behind the same address must not be obeyed.
 
+How long to wait. Each read and write waits at most ``timeout`` seconds and the
+whole exchange at most ``connect_timeout + 2 * timeout``; past either, the question
+fails closed. The questions an agent's calls wait on (compose, execute, review) keep
+the short default, so a wedged OPA fails a call in about a second. A question about
+every tool of the catalogue at once (``capgate/explain/compose``, for people and
+audits) costs OPA time in proportion to the catalogue, so its timeout grows with it:
+:func:`whole_catalogue_timeout`, the one rule for such questions, which ``capgate
+diff`` applies too. A timeout's message names the question, its limits and how to
+give a longer one.
+
 Messages name the policy path and what went wrong, never the input: facts carry
 tenant and principal names, and errors end up in logs and agent transcripts.
 
@@ -59,6 +69,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -88,9 +99,11 @@ __all__ = [
     "EXPLAIN_COMPOSE_PATH",
     "EXPLAIN_EXECUTE_PATH",
     "MAX_TOKEN_CHARS",
+    "PER_TOOL_TIMEOUT",
     "REVIEW_PATH",
     "PolicyClient",
     "check_token",
+    "whole_catalogue_timeout",
 ]
 
 log = logging.getLogger("capgate.opa.client")
@@ -113,6 +126,17 @@ DEFAULT_TIMEOUT: Final = 0.5
 #: Seconds to wait for a connection. A loopback connect either succeeds at once or is
 #: refused at once; taking longer means the machine is in trouble.
 DEFAULT_CONNECT_TIMEOUT: Final = 0.25
+#: Seconds added to the timeout for each tool of the catalogue, for a question whose
+#: work and answer grow with the whole catalogue (:func:`whole_catalogue_timeout`).
+#: Explaining compose gives six checks, each with the facts it read, for every tool:
+#: with both cores of a 2-core machine loaded, its slowest exchange took 0.9 s at
+#: 1,000 tools and 5.5 s (a 6 MB answer) at 10,000, against 8 and 31 ms for compose
+#: (docs/benchmarks.md). No fixed timeout fits both: half a second is short of the
+#: 1,000-tool explanation there, and whatever fits 10,000 tools would let a wedged
+#: OPA hold an agent's call for seconds. Two ms a tool gives the slowest of those
+#: exchanges three to four times what it took, and the whole-answer deadline
+#: doubles that again.
+PER_TOOL_TIMEOUT: Final = 0.002
 
 # Base URL used for unix sockets: the host is never resolved, only sent as Host header.
 _UDS_BASE_URL: Final = "http://opa"
@@ -208,6 +232,57 @@ def check_token(token: str) -> str:
             "digits, - . _ ~ + / and trailing =)"
         )
     return token
+
+
+def whole_catalogue_timeout(timeout: float, tools: int) -> float:
+    """The read and write timeout of a question about every tool of a catalogue.
+
+    ``timeout`` plus :data:`PER_TOOL_TIMEOUT` for each of the catalogue's ``tools``:
+    the one rule for every question whose work and answer grow with the catalogue
+    (``capgate/explain/compose``, so ``compose(facts, reasons=True)``, ``capgate
+    explain compose`` and ``capgate eval compose``; each question of ``capgate
+    diff``'s matrix). The answer must still be complete within the connect timeout
+    plus twice this. The questions an agent's calls wait on (compose, execute,
+    review) keep ``timeout`` itself, so a wedged OPA still fails a call closed in a
+    second or so; only a question asked for people and audits waits longer.
+    """
+    if tools < 0:
+        raise ValueError("a catalogue has no fewer than 0 tools")
+    return timeout + PER_TOOL_TIMEOUT * tools
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """How long one kind of question may take: each read and write, and the whole
+    exchange (connect, request, head and body), and what to say when it is past."""
+
+    timeout: float
+    connect_timeout: float
+    #: How ``timeout`` was reached, for the message (empty for a plain timeout).
+    basis: str = ""
+
+    @property
+    def whole(self) -> float:
+        """The seconds the whole exchange may take: connect plus twice the timeout."""
+        return self.connect_timeout + 2 * self.timeout
+
+    @cached_property
+    def timeouts(self) -> dict[str, float | None]:
+        """httpx's timeout extension: connect, read, write and pool."""
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout).as_dict()
+
+    def describe(self) -> str:
+        return (
+            f"read timeout {self.timeout:g}s{self.basis}, connect {self.connect_timeout:g}s, "
+            f"whole answer {self.whole:g}s"
+        )
+
+
+#: What a timeout message says to do about it, whoever built the client.
+_RAISE_HINT: Final = (
+    "if OPA is only slow, give a longer timeout: --timeout of the capgate command, or "
+    "timeout= of PolicySidecar or PolicyClient"
+)
 
 
 def _check_path(path: str) -> str:
@@ -415,7 +490,7 @@ _ENCODINGS: Final = frozenset({"identity", "gzip"})
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
 
 
-def _read_bounded(response: httpx.Response, path: str, deadline: float) -> bytes:
+def _read_bounded(response: httpx.Response, path: str, deadline: float, limits: _Limits) -> bytes:
     """The whole body, within the size cap and the deadline, or PolicyUnavailable.
 
     The size cap counts decoded bytes, so a small compressed body cannot inflate past
@@ -432,7 +507,9 @@ def _read_bounded(response: httpx.Response, path: str, deadline: float) -> bytes
         if size > MAX_ANSWER_BYTES:
             raise PolicyUnavailable(f"OPA's answer to {path} is over {MAX_ANSWER_BYTES} bytes")
         if time.monotonic() > deadline:
-            raise PolicyUnavailable(f"OPA did not finish answering {path} in time")
+            raise PolicyUnavailable(
+                f"OPA did not finish answering {path} in time ({limits.describe()}); {_RAISE_HINT}"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -448,6 +525,14 @@ class PolicyClient:
     ``connect_timeout + 2 * timeout`` seconds or fails closed. ``transport``
     replaces the network for tests (``httpx.MockTransport``); only the body-reading
     part of the deadline applies to it.
+
+    ``catalogue_size`` is the number of tools in the catalogue OPA serves
+    (:class:`~gateway.opa.sidecar.PolicySidecar` passes it). A question about every
+    tool at once (:meth:`explain_compose`, and so ``compose(reasons=True)``) is held
+    to :attr:`catalogue_timeout` instead of ``timeout``:
+    :func:`whole_catalogue_timeout`, ``timeout`` plus :data:`PER_TOOL_TIMEOUT` a
+    tool, as its cost grows with the catalogue. Without it, such a question waits
+    as long as any other, which suits a catalogue of a few dozen tools only.
 
     ``expected_catalogue`` pins the catalogue digest every compose and execute
     decision must carry, and ``expected_revision`` the bundle revision OPA must
@@ -473,9 +558,12 @@ class PolicyClient:
         expected_catalogue: str | None = None,
         expected_revision: str | None = None,
         token: str | None = None,
+        catalogue_size: int | None = None,
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeouts must be positive: waiting forever would not fail closed")
+        if catalogue_size is not None and catalogue_size < 0:
+            raise ValueError("catalogue_size is a number of tools, 0 or more")
         if expected_catalogue == "" or expected_revision == "":
             raise ValueError("an expected catalogue digest or revision must not be empty")
         headers = {"Accept-Encoding": "gzip"}
@@ -487,13 +575,25 @@ class PolicyClient:
         self.address = address
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.catalogue_size = catalogue_size
+        #: Each read and write of a question about every tool of the catalogue
+        #: (:meth:`explain_compose`); ``timeout`` when the catalogue's size is unknown.
+        self.catalogue_timeout = whole_catalogue_timeout(timeout, catalogue_size or 0)
         self.expected_catalogue = expected_catalogue
         self.expected_revision = expected_revision
         #: Whether a bearer token is sent (the token itself is never kept in reach).
         self.has_token = token is not None
         self._closed = False
         self._headers = headers
-        self._timeouts = httpx.Timeout(timeout, connect=connect_timeout).as_dict()
+        self._limits = _Limits(timeout, connect_timeout)
+        self._catalogue_limits = _Limits(
+            self.catalogue_timeout,
+            connect_timeout,
+            ""
+            if not catalogue_size
+            else f" ({timeout:g}s + {PER_TOOL_TIMEOUT * 1000:g} ms for each of "
+            f"{catalogue_size} tools)",
+        )
         self._transport = transport
         # capgate's own transport takes the direct path (_exchange); any other, such
         # as a test's MockTransport, the httpx one (_send).
@@ -557,8 +657,13 @@ class PolicyClient:
         return with_reasons(decision, self.explain_compose(facts))
 
     def explain_compose(self, facts: ComposeInput) -> ComposeExplanation:
-        """Every tool, check by check, for these compose facts (``capgate/explain/compose``)."""
-        answer = self._query(EXPLAIN_COMPOSE_PATH, facts.model_dump(mode="json"))
+        """Every tool, check by check, for these compose facts (``capgate/explain/compose``).
+
+        A question about the whole catalogue: held to :attr:`catalogue_timeout`.
+        """
+        answer = self._query(
+            EXPLAIN_COMPOSE_PATH, facts.model_dump(mode="json"), self._catalogue_limits
+        )
         return self._check_catalogue(
             EXPLAIN_COMPOSE_PATH, _validate(EXPLAIN_COMPOSE_PATH, ComposeExplanation, answer)
         )
@@ -595,13 +700,14 @@ class PolicyClient:
             )
         return answer.result, answer.decision_id
 
-    def _query(self, path: str, input: dict[str, Any]) -> _Answer:
+    def _query(self, path: str, input: dict[str, Any], limits: _Limits | None = None) -> _Answer:
         _check_path(path)
         body = _encode_input(path, input)
         return self._ask(
             "POST",
             path,
             f"/v1/data/{path}",
+            limits,
             content=body,
             headers={"Content-Type": "application/json"},
         )
@@ -630,7 +736,7 @@ class PolicyClient:
         url = "/health?bundles=true" if bundles else "/health"
         if self._closed:
             return False
-        token = _deadline.set(self._deadline())
+        token = _deadline.set(time.monotonic() + self._limits.whole)
         try:
             response = self._http.get(url)
         except httpx.HTTPError:
@@ -655,31 +761,36 @@ class PolicyClient:
         Raises PolicyUnavailable if OPA serves no catalogue or a malformed digest.
         """
         path = CATALOGUE_DIGEST_PATH
-        result = self._ask("GET", path, f"/v1/data/{path}").result
+        result = self._ask("GET", path, f"/v1/data/{path}", None).result
         if not isinstance(result, str) or not result:
             raise PolicyUnavailable(f"{path} is not a non-empty string")
         return result
 
     # -- the edge --------------------------------------------------------------
 
-    def _deadline(self) -> float:
-        return time.monotonic() + self.connect_timeout + 2 * self.timeout
+    def _ask(
+        self, method: str, path: str, url: str, limits: _Limits | None, **kwargs: Any
+    ) -> _Answer:
+        """Send one request and parse it; every transport failure leaves as PolicyUnavailable.
 
-    def _ask(self, method: str, path: str, url: str, **kwargs: Any) -> _Answer:
-        """Send one request and parse it; every transport failure leaves as PolicyUnavailable."""
+        ``limits`` bound the exchange: the client's own (``timeout``) when None.
+        """
         if self._closed:
             raise PolicyUnavailable(f"policy client is closed; {path} not asked")
+        limits = limits or self._limits
         started = time.perf_counter()
         # One deadline for the whole exchange: httpx times each socket operation, so
         # an OPA (or impostor) trickling bytes could otherwise hold a call for ever.
         # _DeadlineStream holds every connect, write and read to it.
-        deadline = self._deadline()
+        deadline = time.monotonic() + limits.whole
         token = _deadline.set(deadline)
         try:
             if self._direct is not None:
-                head, content = self._exchange(self._direct, method, path, url, **kwargs)
+                head, content = self._exchange(
+                    self._direct, method, path, url, limits.timeouts, **kwargs
+                )
             else:
-                response = self._send(method, url, **kwargs)
+                response = self._send(method, url, limits.timeouts, **kwargs)
                 try:
                     head = _Head(
                         response.status_code,
@@ -687,14 +798,14 @@ class PolicyClient:
                         response.headers.get("content-type"),
                         response.headers.get("content-encoding"),
                     )
-                    content = _read_bounded(response, path, deadline)
+                    content = _read_bounded(response, path, deadline, limits)
                 finally:
                     response.close()
         except httpx.TimeoutException as exc:
             self._log(path, started, None, type(exc).__name__)
             raise PolicyUnavailable(
                 f"OPA did not answer {path} in time ({type(exc).__name__}; "
-                f"timeout {self.timeout}s, connect {self.connect_timeout}s)"
+                f"{limits.describe()}); {_RAISE_HINT}"
             ) from exc
         except httpx.ConnectError as exc:
             self._log(path, started, None, "ConnectError")
@@ -728,6 +839,7 @@ class PolicyClient:
         method: str,
         path: str,
         url: str,
+        timeouts: dict[str, float | None],
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[_Head, bytes]:
@@ -748,9 +860,7 @@ class PolicyClient:
         if content is not None:
             sent.append((b"Content-Length", str(len(content)).encode("ascii")))
         try:
-            answer = transport.exchange(
-                method, target, sent, content, self._timeouts, MAX_ANSWER_BYTES
-            )
+            answer = transport.exchange(method, target, sent, content, timeouts, MAX_ANSWER_BYTES)
         except AnswerTooLarge:
             raise PolicyUnavailable(
                 f"OPA's answer to {path} is over {MAX_ANSWER_BYTES} bytes"
@@ -769,7 +879,9 @@ class PolicyClient:
             )
         return target
 
-    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self, method: str, url: str, timeouts: dict[str, float | None], **kwargs: Any
+    ) -> httpx.Response:
         """One request straight to the transport, bypassing ``httpx.Client.send``.
 
         The client's machinery (URL merging and parsing, cookies, auth flows,
@@ -784,7 +896,7 @@ class PolicyClient:
             method,
             target,
             headers={**self._headers, **kwargs.pop("headers", {})},
-            extensions={"timeout": self._timeouts},
+            extensions={"timeout": timeouts},
             **kwargs,
         )
         response = self._transport.handle_request(request)

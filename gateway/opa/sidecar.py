@@ -188,6 +188,10 @@ class PolicySidecar:
     ``opa_env`` adds variables to the embedded OPA's minimal environment (see
     :mod:`gateway.opa.process`); policies can read them, so pass no secrets.
 
+    ``timeout`` (default :data:`~gateway.opa.client.DEFAULT_TIMEOUT`) is the client's
+    read and write timeout; a question about the whole catalogue adds an allowance
+    for each of its tools (:func:`~gateway.opa.client.whole_catalogue_timeout`).
+
     For an external OPA: ``token`` or ``token_file`` (else the environment, see the
     module docstring) is the bearer token it requires, and ``startup_timeout``
     (else ``$CAPGATE_OPA_STARTUP_TIMEOUT``, else 0) how many seconds to wait for it
@@ -207,7 +211,8 @@ class PolicySidecar:
         token_file: Path | None = None,
         startup_timeout: float | None = None,
     ) -> None:
-        self.expected_digest: str = compile_catalogue(catalogue)["meta"]["digest"]
+        meta = compile_catalogue(catalogue)["meta"]
+        self.expected_digest: str = meta["digest"]
         url = opa_url or os.environ.get(OPA_URL_ENV) or None
         self.process: EmbeddedOPA | None = None
         #: Where the external OPA's token came from; None when none is sent (always
@@ -249,13 +254,15 @@ class PolicySidecar:
                 url = self.process.address
             # Every decision must carry the catalogue digest loaded here, not only the
             # first answer: an OPA restarted with another bundle behind the same address
-            # would otherwise be obeyed until this process restarts.
+            # would otherwise be obeyed until this process restarts. The catalogue's
+            # size sets how long a question about all of it may take.
             self._client = PolicyClient(
                 url,
                 timeout=timeout or DEFAULT_TIMEOUT,
                 expected_catalogue=self.expected_digest,
                 expected_revision=revision,
                 token=secret,
+                catalogue_size=meta["tool_count"],
             )
             del secret
             if wait > 0:

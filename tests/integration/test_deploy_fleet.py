@@ -14,7 +14,6 @@ Two OPA sidecars (two services) poll the same signed bundle from one bundle serv
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from gateway.opa.deploy import Deployment, SignedBundle
 from gateway.opa.policies import default_policies_dir
 from gateway.state import Store, open_store
 from tests.integration.deploy_support import (
-    POLLING,
     BundleServer,
     agent_request,
     bundle_server,
@@ -107,13 +105,9 @@ def test_a_policy_change_published_once_reaches_every_sidecar_live(
     other = policies_with_comment(default_policies_dir(), tmp_path / "policies-2", "release 2")
     second = fleet.publish(sales_catalogue, policies_dir=other)
     assert second.revision != first.revision
-    published = time.monotonic()
     for service in services:
         wait_until(lambda s=service: s.revision_now() == second.revision, "the new revision")
-    took = time.monotonic() - published
-    # Within the polling interval (at most 2 s between downloads), with slack for a
-    # loaded machine; no gateway was restarted: the same objects answered throughout.
-    assert took < POLLING[1] + 8, f"took {took:.1f}s"
+    # No gateway was restarted: the same objects answered throughout.
     for service in services:
         service.gateway.call(agent_request(), "contact.read", {"contact_id": "c-42"})
         revisions = [event.revision for event in service.events]

@@ -191,7 +191,7 @@ def test_a_sidecar_that_never_had_a_valid_bundle_answers_nothing(
             PolicySidecar(
                 sales_catalogue, opa_url=opa.address, token=rig.token, startup_timeout=1.5
             )
-        assert 1.5 <= time.monotonic() - started < 5
+        assert 1.5 <= time.monotonic() - started < 30  # waited its 1.5 s, then gave up
 
 
 def test_capgate_waits_for_a_sidecar_started_before_its_bundle_server_serves(
@@ -234,7 +234,7 @@ def test_capgate_waits_for_a_sidecar_started_before_its_bundle_server_serves(
         assert isinstance(sidecar, PolicySidecar)
         with sidecar:
             assert float(str(outcome["waited"])) >= 1.5
-            assert time.monotonic() - published < 10
+            assert time.monotonic() - published < 25  # on activation, not at the 30 s end
             assert sidecar.ready()
             decision = sidecar.client.compose(FACTS)
             assert decision.bundle_revisions == {BUNDLE_NAME: bundle.revision}

@@ -15,8 +15,11 @@ from capgate.cli import main
 from capgate.commands.common import EXIT_DENIED, EXIT_ERROR, EXIT_OK
 from capgate.demo import demo_catalogue_dir
 from gateway.catalogue import load_catalogue
+from gateway.model.facts import ComposeInput
 from gateway.opa.bundle import write_bundle
+from gateway.opa.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
 from gateway.opa.policies import POLICIES_ENV, default_policies_dir
+from gateway.opa.sidecar import PolicySidecar
 from tests.integration.large_catalogue import write_large_catalogue
 from tests.integration.opa_servers import external_opa
 
@@ -225,6 +228,21 @@ def test_explain_compose_of_a_1000_tool_catalogue_agrees_with_eval(capsys, tmp_p
     assert visible == sorted(decided["visible"])
     # sales tools on crm (n % 3 == 0): 334 of them, all free and listed.
     assert len(visible) == 334
+
+
+def test_the_sidecar_allows_explaining_1000_tools_time_for_every_tool(tmp_path):
+    catalogue = tmp_path / "catalogue"
+    write_large_catalogue(catalogue)
+    facts = ComposeInput.model_validate(json.loads((EXAMPLES / "compose.json").read_text()))
+
+    with PolicySidecar(load_catalogue(catalogue)) as sidecar:
+        client = sidecar.client
+        explained = client.explain_compose(facts)
+
+    assert len(explained.tools) == 1000
+    assert client.timeout == DEFAULT_TIMEOUT  # what compose and execute wait
+    assert client.catalogue_size == 1000
+    assert client.catalogue_timeout == whole_catalogue_timeout(DEFAULT_TIMEOUT, 1000)
 
 
 def test_explain_asks_an_external_opa_when_given_one(capsys, tmp_path):

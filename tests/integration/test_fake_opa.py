@@ -45,6 +45,7 @@ from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
     EXECUTE_PATH,
     MAX_ANSWER_BYTES,
     PolicyClient,
@@ -74,13 +75,15 @@ DIGEST: str = compile_catalogue(load_catalogue(SALES))["meta"]["digest"]
 OTHER_DIGEST = "sha256:" + "e" * 64
 REVISION = "sha256:" + "7" * 64
 
-#: The client's read timeout in these tests, and the deadline it implies for a whole
-#: answer (PolicyClient: connect_timeout + 2 * timeout).
-TIMEOUT = 0.2
+#: The client's read timeout in these tests (the default, so that the good answers
+#: every test also needs come well within it on a loaded machine), and the deadline
+#: it implies for a whole answer (PolicyClient: connect_timeout + 2 * timeout).
+TIMEOUT = DEFAULT_TIMEOUT
 DEADLINE = DEFAULT_CONNECT_TIMEOUT + 2 * TIMEOUT
-#: Slack for a loaded CI machine on top of the deadline. The slow answers below take
-#: seconds (a header byte every 50 ms) unless the deadline cuts them off.
-MARGIN = 1.0
+#: Slack on top of the deadline: a bound that tells a cut-off answer from one waited
+#: for, not a measure of speed. The slow answers below take 15 s or more (a byte
+#: every 50 ms) unless the deadline cuts them off, and the others never end.
+MARGIN = 5.0
 #: Time between trickled bytes: each arrives well inside the read timeout.
 EVERY = 0.05
 
@@ -552,3 +555,27 @@ def test_cli_eval_reports_a_nested_answer_as_an_error(
     assert "policy_unavailable" in err
     assert "nested too deeply" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["explain", "eval"])
+def test_a_wedged_opa_fails_an_explanation_closed_naming_its_deadline(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """explain and eval compose ask about every tool: past that question's deadline
+    (--timeout plus its allowance a tool) they fail closed, saying which question,
+    the deadline, and how to allow more."""
+    facts = tmp_path / "compose.json"
+    facts.write_text(FACTS.model_dump_json(), encoding="utf-8")
+    with FakeOPA("unix") as fake:
+        serve_well(fake)
+        fake.route("/v1/data/capgate/explain/compose", Reply.of(STALL))
+        where = ["--catalogue", str(SALES), "--opa", fake.address, "--timeout", "0.2"]
+        code = main([command, "compose", str(facts), *where])
+        asked = [seen.path for seen in fake.seen]
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR
+    assert asked[-1] == "/v1/data/capgate/explain/compose"
+    assert "OPA did not answer capgate/explain/compose in time" in err
+    assert "read timeout 0.214s (0.2s + 2 ms for each of 7 tools)" in err
+    assert "whole answer 0.678s" in err
+    assert "--timeout of the capgate command" in err

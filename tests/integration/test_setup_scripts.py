@@ -17,7 +17,6 @@ import pty
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +39,6 @@ REGAL = PINS["REGAL_VERSION"]
 PIN = OPA.removeprefix("v")  # as OPA reports it
 
 CHECK_RUNS = 300  # the old check failed 3-9% of runs: ~9-27 failures expected in 300
-CHECK_BUDGET_S = 60.0
 FAKE_GO = f"""#!{sys.executable}
 # A stand-in for `go`: `get` logs a line, `build` writes a "binary" that reports the
 # version given with -ldflags -X. FAKE_GO_FAIL=get|build makes that command fail loudly.
@@ -133,12 +131,10 @@ def test_check_recognises_the_built_tools_every_time(built_tools: None) -> None:
     def check(_: int) -> subprocess.CompletedProcess[str]:
         return _run(["bash", INSTALL_TOOLS, "--check"])
 
-    start = time.monotonic()
-    # Two at a time, one per core of the project's machines: 300 runs fit the budget,
-    # and the machine is as busy as during a real `make`.
+    # Two at a time, one per core of the project's machines: the machine is as busy
+    # as during a real `make`.
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = list(pool.map(check, range(CHECK_RUNS)))
-    elapsed = time.monotonic() - start
 
     failed = [r for r in runs if r.returncode != 0]
     assert not failed, (
@@ -150,7 +146,6 @@ def test_check_recognises_the_built_tools_every_time(built_tools: None) -> None:
             f"setup: opa {OPA} already present",
             f"setup: regal {REGAL} already present",
         ]
-    assert elapsed < CHECK_BUDGET_S, f"{CHECK_RUNS} checks took {elapsed:.1f}s"
 
 
 def test_a_second_run_rebuilds_nothing(built_tools: None, tmp_path: Path) -> None:
@@ -165,16 +160,13 @@ def test_a_second_run_rebuilds_nothing(built_tools: None, tmp_path: Path) -> Non
     before = {p.name: p.stat().st_mtime_ns for p in (BIN / "opa", BIN / "regal")}
 
     for _ in range(20):
-        start = time.monotonic()
         done = _run(["bash", INSTALL_TOOLS], env=env)
-        elapsed = time.monotonic() - start
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.splitlines() == [
             f"setup: opa {OPA} already present",
             f"setup: regal {REGAL} already present",
         ]
         assert done.stderr == ""
-        assert elapsed < 5, f"a run with nothing to build took {elapsed:.1f}s"
 
     assert {p.name: p.stat().st_mtime_ns for p in (BIN / "opa", BIN / "regal")} == before
     assert not (tmp_path / "logs").exists()  # no step ran, so no log was started
@@ -337,13 +329,11 @@ def test_step_returns_the_commands_status_and_stops_at_its_first_failure(
     assert "(exit 7), and printed nothing" in done.stderr
 
 
-def test_a_second_setup_changes_nothing_and_takes_about_a_second(built_tools: None) -> None:
+def test_a_second_setup_changes_nothing(built_tools: None) -> None:
     check = _run(["bash", SETUP, "--check"])
     if check.returncode != 0:
         pytest.fail(f"run `make setup` first; setup.sh --check said:\n{check.stdout}")
-    start = time.monotonic()
     done = _run(["bash", SETUP])
-    elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
         f"setup: opa {OPA} already present",
@@ -356,4 +346,3 @@ def test_a_second_setup_changes_nothing_and_takes_about_a_second(built_tools: No
         "setup: MCP peers are up to date",
         "setup: MCP Inspector CLIs are up to date",
     ]
-    assert elapsed < 5, f"a setup with nothing to do took {elapsed:.1f}s"

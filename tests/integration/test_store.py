@@ -1185,7 +1185,9 @@ def _in_thread(work: Any) -> tuple[threading.Thread, list[BaseException], list[A
 def test_writers_of_one_sqlite_store_queue_and_readers_do_not(tmp_path: Path):
     from gateway.state.sqlite import SqliteBackend
 
-    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=0.3))
+    # Long enough that the writer queued below gets in once the holder commits, however
+    # busy the machine; the writer that must give up waits all of it.
+    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=2.0))
     try:
         _tenant(store, limit=None)
         entered = threading.Event()
@@ -1250,7 +1252,7 @@ def test_a_writer_waits_once_for_this_process_and_sqlite_together(tmp_path: Path
 
     url = f"sqlite://{tmp_path}/state.db"
     other_process = open_store(url)
-    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=1.0))
+    store = SqlStore(SqliteBackend(tmp_path / "state.db", busy_timeout=2.0))
     waits: list[float] = []
 
     def begin_write() -> None:
@@ -1270,7 +1272,9 @@ def test_a_writer_waits_once_for_this_process_and_sqlite_together(tmp_path: Path
             second.join(10)
         assert [type(exc) for exc in first_raised + second_raised] == [StoreBusy, StoreBusy]
         assert len(waits) == 2
-        assert max(waits) < 1.35  # about 1 s each; the second's is not 0.5 s + 1 s
+        # 2 s each, however late; waiting twice, the second would take at least 3.5 s
+        # (1.5 s for the first to give up at the gate, then 2 s in SQLite).
+        assert max(waits) < 3.4
         with store.transaction() as tx:  # the gate was given back after both failures
             tx.put_tenant("globex", budget_class="standard", budget_limit=1)
     finally:

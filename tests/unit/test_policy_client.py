@@ -26,8 +26,14 @@ from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from gateway.opa.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
+    DEFAULT_TIMEOUT,
     EXECUTE_PATH,
+    EXPLAIN_COMPOSE_PATH,
+    EXPLAIN_EXECUTE_PATH,
+    PER_TOOL_TIMEOUT,
+    REVIEW_PATH,
     PolicyClient,
+    whole_catalogue_timeout,
 )
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -769,6 +775,89 @@ def test_requests_carry_the_configured_timeouts() -> None:
     with client:
         client.query("capgate/x", {})
     assert seen == [{"connect": 0.1, "read": 0.3, "write": 0.3, "pool": 0.3}]
+
+
+def read_timeouts(catalogue_size: int | None, timeout: float = DEFAULT_TIMEOUT) -> dict[str, float]:
+    """The read timeout each question of a client is sent with (every answer a timeout,
+    so no question needs a well-formed answer to be asked)."""
+    seen: dict[str, float] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen[request.url.path.removeprefix("/v1/data/")] = request.extensions["timeout"]["read"]
+        raise httpx.ReadTimeout("simulated", request=request)
+
+    client = PolicyClient(
+        "http://127.0.0.1:8181",
+        timeout=timeout,
+        transport=httpx.MockTransport(handler),
+        catalogue_size=catalogue_size,
+    )
+    with client:
+        for question in (
+            lambda: client.compose(compose_facts()),
+            lambda: client.execute(execute_facts()),
+            lambda: client.review(review_facts()),
+            lambda: client.explain_compose(compose_facts()),
+            lambda: client.explain_execute(execute_facts()),
+        ):
+            with pytest.raises(PolicyUnavailable, match="in time"):
+                question()
+    return seen
+
+
+def test_a_question_about_every_tool_is_allowed_time_in_proportion_to_the_catalogue() -> None:
+    small, large = read_timeouts(1_000), read_timeouts(10_000)
+    allowance = {
+        size: timeouts[EXPLAIN_COMPOSE_PATH] - DEFAULT_TIMEOUT
+        for size, timeouts in ((1_000, small), (10_000, large))
+    }
+    assert allowance[1_000] >= 1_000 * PER_TOOL_TIMEOUT > 0
+    assert allowance[10_000] == pytest.approx(10 * allowance[1_000])
+    assert large[EXPLAIN_COMPOSE_PATH] == whole_catalogue_timeout(DEFAULT_TIMEOUT, 10_000)
+    # --timeout (timeout=) raises the base of the scaled timeout too.
+    raised = read_timeouts(1_000, timeout=3.0)
+    assert raised[EXPLAIN_COMPOSE_PATH] == pytest.approx(3.0 + allowance[1_000])
+
+
+def test_the_questions_an_agent_waits_on_keep_the_short_timeout_at_any_size() -> None:
+    # A hung OPA must still fail an agent's call closed within about a second.
+    for size in (None, 0, 10_000):
+        timeouts = read_timeouts(size)
+        for path in (COMPOSE_PATH, EXECUTE_PATH, REVIEW_PATH, EXPLAIN_EXECUTE_PATH):
+            assert timeouts[path] == DEFAULT_TIMEOUT, (size, path)
+    # Without the catalogue's size a whole-catalogue question gets no allowance.
+    assert read_timeouts(None)[EXPLAIN_COMPOSE_PATH] == DEFAULT_TIMEOUT
+
+
+def test_a_timeout_names_the_question_its_limits_and_how_to_raise_them() -> None:
+    client = PolicyClient(
+        "http://127.0.0.1:8181",
+        transport=httpx.MockTransport(raising(httpx.ReadTimeout)),
+        catalogue_size=1_000,
+    )
+    with client:
+        with pytest.raises(PolicyUnavailable) as composed:
+            client.compose(compose_facts(), reasons=True)
+        with pytest.raises(PolicyUnavailable) as explained:
+            client.explain_compose(compose_facts())
+    # compose itself timed out first, with the short limits of an agent's question.
+    assert str(composed.value).startswith(
+        f"OPA did not answer {COMPOSE_PATH} in time (ReadTimeout;"
+    )
+    assert "read timeout 0.5s, connect 0.25s, whole answer 1.25s" in str(composed.value)
+    message = str(explained.value)
+    assert EXPLAIN_COMPOSE_PATH in message
+    assert "read timeout 2.5s (0.5s + 2 ms for each of 1000 tools)" in message
+    assert "whole answer 5.25s" in message
+    assert "--timeout" in message
+    assert "timeout=" in message
+
+
+def test_a_catalogue_size_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="catalogue_size"):
+        PolicyClient("http://127.0.0.1:8181", catalogue_size=-1)
+    with pytest.raises(ValueError, match="fewer than 0"):
+        whole_catalogue_timeout(DEFAULT_TIMEOUT, -1)
 
 
 @pytest.mark.parametrize(("timeout", "connect_timeout"), [(0, 0.1), (0.5, -1)])
