@@ -9,8 +9,9 @@ official ``mcp`` client (``mcp.client.client.Client``).
 :class:`RecordingDesk` is the servers' ``tools`` entry point: the demo's sales desk,
 wrapped so that every run is written (name, parameters, the whole ``CallContext``,
 the revealed credential) to the JSON-lines file ``$CAPGATE_TEST_RECORD``, so a test
-can show what reached the tools; and so that reading contact ``c-slow`` takes
-``SLOW_SECONDS``, contact ``c-busy`` ends ``retryable`` (retry after
+can show what reached the tools; and so that reading contact ``c-slow`` holds its
+tool until the test releases it (:func:`release_slow`: a file beside the record, at
+most ``SLOW_HOLD_SECONDS``), contact ``c-busy`` ends ``retryable`` (retry after
 ``RETRY_AFTER_SECONDS``) and contact ``c-lost`` ends ``unknown``. Its descriptions are
 deliberately wrong: a server that showed an adapter's description instead of the
 catalogue's would be caught.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import httpx2
 import yaml
 from mcp.client.client import Client
@@ -53,7 +55,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CAPGATE = ROOT / ".venv" / "bin" / "capgate"
 SALES = demo_catalogue_dir("sales")
 RECORD_ENV = "CAPGATE_TEST_RECORD"
-SLOW_SECONDS = 2.0
+#: The longest contact ``c-slow`` holds its tool when nobody releases it: only a bound
+#: on a test that forgot to (the tests release it as soon as they have seen enough).
+SLOW_HOLD_SECONDS = 120.0
 #: The wait contact ``c-busy``'s retryable outcome asks for.
 RETRY_AFTER_SECONDS = 30
 #: The connection secrets the servers resolve (EnvironmentCredentials).
@@ -110,12 +114,50 @@ class _Recording:
             with self._lock, self._record.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(entry) + "\n")
         if name == "contact.read" and params.get("contact_id") == "c-slow":
-            time.sleep(SLOW_SECONDS)
+            released = _release_file(self._record)
+            held_until = time.monotonic() + SLOW_HOLD_SECONDS
+            while not (released is not None and released.exists()):
+                if time.monotonic() > held_until:
+                    break
+                time.sleep(0.01)
         if name == "contact.read" and params.get("contact_id") == "c-busy":
             raise ToolRetryable("the CRM is busy", retry_after_seconds=RETRY_AFTER_SECONDS)
         if name == "contact.read" and params.get("contact_id") == "c-lost":
             raise ToolUnknown("the CRM took the request, then its answer was lost")
         return self._inner.run(name, params, context)
+
+
+def _release_file(record: Path | None) -> Path | None:
+    return None if record is None else record.with_name(record.name + ".release")
+
+
+def hold_slow(record: Path) -> int:
+    """Hold the next ``c-slow`` reads of the servers recording to ``record`` until
+    :func:`release_slow` (a release left by an earlier test is taken back); returns
+    how many have entered so far, for :func:`slow_entered`."""
+    released = _release_file(record)
+    assert released is not None
+    released.unlink(missing_ok=True)
+    return _slow_reads(record)
+
+
+def release_slow(record: Path) -> None:
+    """Let every held ``c-slow`` read of the servers recording to ``record`` finish."""
+    released = _release_file(record)
+    assert released is not None
+    released.touch()
+
+
+def _slow_reads(record: Path) -> int:
+    text = record.read_text(encoding="utf-8") if record.exists() else ""
+    return text.count('"contact_id": "c-slow"')
+
+
+async def slow_entered(record: Path, before: int) -> None:
+    """Return once one more ``c-slow`` read than ``before`` is inside its tool
+    (recorded, so held); the test's own bound stops a wait that never ends."""
+    while _slow_reads(record) <= before:
+        await anyio.sleep(0.01)
 
 
 class RecordingDesk:

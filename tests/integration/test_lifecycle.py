@@ -1116,27 +1116,24 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
     lifecycle_sidecar: PolicySidecar,
     store: Store,
     provider: FileProvider,
+    clock: ShiftClock,
 ) -> None:
-    # A tool five times slower than the lease: the gateway running it renews the
-    # lease, so another gateway's reconcile leaves it alone and a duplicate waits
-    # for its outcome instead of taking it over (and sending a second time). The
-    # lease is 0.6 s (renewed every 0.2 s): a 0.2 s lease was lost on a loaded CI
-    # machine, where a renewal thread can wait that long for the interpreter.
+    # A tool held at the provider until the store's clock has passed its first lease:
+    # the gateway running it renews the lease, so another gateway's reconcile leaves it
+    # alone and a duplicate waits for its outcome instead of taking it over (and
+    # sending a second time). The store's clock is moved on rather than waited for, and
+    # the lease (10 s, renewed every third of it) is long enough that a renewal thread
+    # kept waiting by a loaded machine still renews in time.
+    lease = timedelta(seconds=10)
     slow = make_gateway(
-        lifecycle_catalogue,
-        lifecycle_sidecar.client,
-        store,
-        provider.tools(),
-        lease=timedelta(seconds=0.6),
+        lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools(), lease=lease
     )
     other = make_gateway(
-        lifecycle_catalogue,
-        lifecycle_sidecar.client,
-        store,
-        provider.tools(),
-        lease=timedelta(seconds=0.6),
-    )
-    provider.delay = 3.0
+        lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools(), lease=lease,
+        duplicate_wait=120.0,
+    )  # fmt: skip
+    held = threading.Event()
+    provider.before_effect = lambda tool: held.wait(120)
     params = {"parcel_id": "p-8", "address": "8 Slow Lane"}
     answers: list[Outcome | ProposalRecord | Exception] = []
 
@@ -1151,12 +1148,26 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
     runner = threading.Thread(target=ship, args=(slow,))
     runner.start()
     wait_until(lambda: kinds(store, operation_id="op-long") != [], what="the intent")
-    time.sleep(1.5)  # more than twice the lease
+    first = operation_of(store, "op-long")
+    assert first is not None
+    assert first.lease_until is not None
+    clock.offset = lease + timedelta(seconds=1)  # the run is now longer than its lease
+    wait_until(
+        lambda: (
+            (op := operation_of(store, "op-long")) is not None
+            and op.lease_until is not None
+            and first.lease_until is not None
+            and op.lease_until > first.lease_until + lease
+        ),
+        timeout=60,
+        what="a renewal of the lease past the first one",
+    )
     assert other.reconcile() == []
     duplicate = threading.Thread(target=ship, args=(other,))
-    duplicate.start()
-    runner.join(timeout=30)
-    duplicate.join(timeout=30)
+    duplicate.start()  # it waits for the runner's outcome, while the tool is held
+    held.set()
+    runner.join(timeout=60)
+    duplicate.join(timeout=150)
     assert len(answers) == 2
     assert all(isinstance(a, Outcome) and a.ok for a in answers), answers
     assert len(provider.entries("parcel.ship")) == 1
@@ -1175,22 +1186,25 @@ def test_a_run_whose_lease_lapsed_still_ends_in_its_outcome(
     lifecycle_sidecar: PolicySidecar,
     store: Store,
     provider: FileProvider,
+    clock: ShiftClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A run whose lease could not be renewed (the store was out of reach for its
-    # renewing thread), and another gateway reconciling meanwhile: the run is
-    # marked unknown and its reservation settled under it. The run's own end must
-    # still come back as an Outcome and be recorded, not fail on the budget.
+    # renewing thread), and another gateway reconciling meanwhile: the run is marked
+    # unknown, its reservation held under it. The tool is held at the provider until
+    # the reconcile is done; the run's own end must still come back as an Outcome, be
+    # recorded over the unknown, and settle the budget once.
     slow = make_gateway(
         lifecycle_catalogue,
         lifecycle_sidecar.client,
         store,
         provider.tools(),
-        lease=timedelta(seconds=0.2),
+        lease=timedelta(seconds=10),
     )
     monkeypatch.setattr(slow._leases, "_renew", lambda *args: None)
     other = make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store)
-    provider.delay = 1.0
+    held = threading.Event()
+    provider.before_effect = lambda tool: held.wait(120)
     params = {"parcel_id": "p-9", "address": "9 Slow Lane"}
     answers: list[Outcome | ProposalRecord | Exception] = []
 
@@ -1203,9 +1217,10 @@ def test_a_run_whose_lease_lapsed_still_ends_in_its_outcome(
     runner = threading.Thread(target=ship)
     runner.start()
     wait_until(lambda: kinds(store, operation_id="op-slow") != [], what="the intent")
-    time.sleep(0.4)  # past the lease
+    clock.offset = timedelta(seconds=11)  # past the lease, by the store's clock
     assert [r.operation_id for r in other.reconcile()] == ["op-slow"]
-    runner.join(timeout=30)
+    held.set()
+    runner.join(timeout=60)
     [answer] = answers
     assert isinstance(answer, Outcome), answer
     assert answer.ok

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,19 +28,21 @@ from tests.integration.mcp_server_support import (
     MODES,
     SALES,
     SALES_BOT,
-    SLOW_SECONDS,
     SUPPORT_BOT,
     HttpServer,
     Mode,
     RecordingDesk,
     bearer,
     binding,
+    hold_slow,
     http_server,
     http_session,
     ledger,
     records,
+    release_slow,
     seed_store,
     set_connection,
+    slow_entered,
     write_config,
 )
 
@@ -217,7 +218,9 @@ def test_many_clients_at_once(served: dict[str, Any], expected: dict[str, list[s
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_slow_tool_in_one_session_does_not_stall_another(served: dict[str, Any], mode: Mode):
-    timings: dict[str, float] = {}
+    # A's read is held in its tool until the test lets it go: B's calls must all
+    # finish meanwhile, however slow the machine is.
+    done: list[str] = []
 
     async def test() -> None:
         async with (
@@ -230,22 +233,22 @@ def test_a_slow_tool_in_one_session_does_not_stall_another(served: dict[str, Any
             async def slow() -> None:
                 result = await a.call_tool("contact.read", {"contact_id": "c-slow"})
                 assert result.is_error is False
-                timings["slow"] = time.monotonic() - started
+                done.append("slow")
 
+            before = hold_slow(served["record"])
             async with anyio.create_task_group() as tasks:
-                started = time.monotonic()
                 tasks.start_soon(slow)
-                await anyio.sleep(0.2)  # A is inside its tool now
+                await slow_entered(served["record"], before)  # A is inside its tool now
                 for _ in range(3):
                     assert names(await b.list_tools())
                     fast = await b.call_tool("contact.read", {"contact_id": "c-42"})
                     assert fast.is_error is False
-                timings["other session"] = time.monotonic() - started
-                assert "slow" not in timings, "B finished while A's tool still ran"
+                done.append("other session")
+                assert done == ["other session"], "B finished while A's tool still ran"
+                release_slow(served["record"])
 
     bounded(test)
-    assert timings["other session"] < SLOW_SECONDS, timings
-    assert timings["slow"] >= SLOW_SECONDS, timings
+    assert done == ["other session", "slow"]
 
 
 # ------------------------------------------------------------------ list_changed
