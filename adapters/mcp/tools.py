@@ -287,7 +287,9 @@ class McpTools:
         self._loop: _Loop | None = None
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, anyio.Lock] = {}
-        self._pinned: OrderedDict[str, tuple[str, PinRecord]] = OrderedDict()
+        #: operation id -> (tool, the pin it runs under, why its server could not be
+        #: reached when the gateway asked, or None)
+        self._pinned: OrderedDict[str, tuple[str, PinRecord, str | None]] = OrderedDict()
         self._closed = False
         self._ids = itertools.count(1)
         _LIVE.add(self)
@@ -308,7 +310,7 @@ class McpTools:
     def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
         """Call the tool on its server under its accepted definition; see the module doc."""
         contract = self._targets[name]
-        pin = self._pin_for(name, context.operation_id)
+        pin, unreached = self._pin_for(name, context.operation_id)
         definition = pin.accepted_definition if pin is not None else None
         if pin is None or definition is None or pin.catalogue_tool != contract.name:
             raise ToolRefused(
@@ -316,6 +318,11 @@ class McpTools:
                 "nothing was sent"
             )
         server, tool = pin.server, pin.tool
+        if unreached is not None:  # just now, before the intent: not tried a second time
+            raise ToolRetryable(
+                f"server {server!r} could not be reached or listed ({unreached}); nothing was sent",
+                retry_after_seconds=5,
+            )
         problem = _schema_problem(definition.get("inputSchema"), dict(params))
         if problem is not None:
             raise ToolRefused(
@@ -383,10 +390,11 @@ class McpTools:
         Connects to the tool's server if no session is open (its listing is read and
         recorded on connecting) and compares what the server shows now with the
         accepted definition: DefinitionChanged if they differ, or if the server no
-        longer lists the tool. A server that cannot be reached is not compared here
-        (the run checks again, and cannot send without a session). Given an operation
-        id, that definition is pinned for the operation: its run uses exactly it, even
-        if a person accepts another version meanwhile.
+        longer lists the tool. A server that cannot be reached is not compared here:
+        its run is then ``retryable`` at once (nothing sent), rather than waiting for a
+        second connect. Given an operation id, that definition is pinned for the
+        operation: its run uses exactly it, even if a person accepts another version
+        meanwhile.
         """
         contract = self._targets.get(name)
         if contract is None:
@@ -394,7 +402,7 @@ class McpTools:
         pin = self._read_pin(contract)
         if pin is None or pin.accepted_digest is None:
             return None
-        shown = self._shown(pin.server, pin.tool)
+        shown, unreached = self._shown(pin.server, pin.tool)
         if shown is not None and shown != pin.accepted_digest:
             raise DefinitionChanged(
                 f"server {pin.server!r} shows a definition of tool {pin.tool!r} other than "
@@ -402,7 +410,7 @@ class McpTools:
             )
         if operation_id is not None:
             with self._lock:
-                self._pinned[operation_id] = (name, pin)
+                self._pinned[operation_id] = (name, pin, unreached)
                 self._pinned.move_to_end(operation_id)
                 while len(self._pinned) > MAX_PINNED_OPERATIONS:
                     self._pinned.popitem(last=False)
@@ -499,29 +507,31 @@ class McpTools:
         ]
         return placed[0] if len(placed) == 1 else None
 
-    def _shown(self, server_id: str, tool: str) -> str | None:
+    def _shown(self, server_id: str, tool: str) -> tuple[str | None, str | None]:
         """The digest of ``tool`` in the server's latest listing (connecting first if
-        need be), :data:`_NOT_LISTED` if it lists no such tool, None if it could not
-        be told (no session, or no current listing within the bounds)."""
+        need be; :data:`_NOT_LISTED` if it lists no such tool), or None and why the
+        server could not be reached or listed within the bounds."""
         if server_id not in self.servers:
-            return None
+            return None, None
         bound = self.connect_timeout + self.call_timeout + 1.0
         try:
             shown: str = self._submit(self._current_digest, server_id, tool).result(bound)
         except (_NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
             log.info("server=%s: no listing to compare before the call (%s)", server_id, _why(exc))
-            return None
+            return None, _why(exc) if isinstance(exc, _NotSent) else "no listing within the bound"
         except Exception as exc:
             log.warning("server=%s: listing not compared (%s)", server_id, _why(exc))
-            return None
-        return shown
+            return None, _why(exc)
+        return shown, None
 
-    def _pin_for(self, name: str, operation_id: str) -> PinRecord | None:
+    def _pin_for(self, name: str, operation_id: str) -> tuple[PinRecord | None, str | None]:
+        """The pin ``name`` runs under for the operation, and why its server was found
+        unreachable when the gateway asked (None: it was not)."""
         with self._lock:
             pinned = self._pinned.pop(operation_id, None)
         if pinned is not None and pinned[0] == name:
-            return pinned[1]
-        return self._read_pin(self._targets[name])
+            return pinned[1], pinned[2]
+        return self._read_pin(self._targets[name]), None
 
     def _after_send(self, contract: ToolContract, why: str) -> NoReturn:
         """The call may have had its effect: retryable only for a read, which has none.

@@ -53,6 +53,11 @@ from tests.integration.mcp_upstream_support import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+#: What a bound on a wait may be overrun by on a loaded machine (threads scheduled
+#: late) without the bound being broken: the tests prove a call cannot hang, not how
+#: fast this machine is.
+SLACK = 10.0
+
 
 def _call(harness: Harness, role: str, tool: str, **params: Any) -> Outcome:
     answer = harness.gateway.call(harness.request(role), tool, params)
@@ -293,7 +298,7 @@ def test_a_denied_call_never_starts_or_contacts_a_server(tmp_path: Path):
             assert calls.read_text().splitlines() == ['echo {"message": "x"}']
             begun = time.monotonic()
             unreachable = _call(harness, "writer", "remote.echo", message="x")
-            assert time.monotonic() - begun < 5 + 5 + 2
+            assert time.monotonic() - begun < 5 + 5 + SLACK
             assert unreachable.status is OutcomeStatus.RETRYABLE
             assert "nothing was sent" in (unreachable.error or "")
             assert counter.accepted >= 1
@@ -536,7 +541,7 @@ def test_failures_are_typed_outcomes_within_the_bound(tmp_path: Path):
         def timed(role: str, tool: str, **params: Any) -> Outcome:
             begun = time.monotonic()
             outcome = _call(harness, role, tool, **params)
-            assert time.monotonic() - begun < connect_timeout + call_timeout + 2
+            assert time.monotonic() - begun < connect_timeout + call_timeout + SLACK
             return outcome
 
         slow = timed("reader", "read.slow")
@@ -608,7 +613,7 @@ def test_a_server_that_cannot_start_is_retryable_and_nothing_was_sent(tmp_path: 
             )
         begun = time.monotonic()
         outcome = _call(harness, "reader", "ghost.echo")
-        assert time.monotonic() - begun < 5 + 20 + 2
+        assert time.monotonic() - begun < 5 + 20 + SLACK
         assert outcome.status is OutcomeStatus.RETRYABLE
         assert "could not be reached" in (outcome.error or "")
         code, out = harness.cli(
