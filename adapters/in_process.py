@@ -23,9 +23,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.dispatch.registry import require_catalogue_names
-from gateway.dispatch.transport import CallContext, ToolFunction
-from gateway.errors import quote
+from capgate.gateway.dispatch.registry import require_catalogue_names
+from capgate.gateway.dispatch.transport import CallContext, ToolFunction
+from capgate.gateway.errors import quote
 
 #: The signature of a tool's lookup: the operation id in, the result (or None) out.
 LookupFunction = Callable[[str], Mapping[str, Any] | None]

@@ -5,7 +5,7 @@ The tool-contract seed's config gate, for the whole registry rather than one too
 - neither ``MCP_SERVERS`` nor ``MCP_ORACLE`` set: the registry holds the in-process
   adapters it is given and nothing else, the offline default (and ``mcp`` is never
   imported);
-- either set (:func:`adapters.mcp.config.servers_from_env`): an MCP adapter is attached
+- either set (:func:`capgate.adapters.mcp.config.servers_from_env`): an MCP adapter is attached
   after them, for the servers the gate names. It runs the catalogue tools whose
   contract names an ``upstream`` on one of those servers, and every tool the catalogue
   leaves unplaced (no ``upstream``, and no in-process adapter before it holds it) on the
@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from adapters.mcp.config import ServerSpec, servers_from_env
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter
-from gateway.model.contracts import Catalogue
-from gateway.state.store import Store
+from capgate.adapters.mcp.config import ServerSpec, servers_from_env
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import Adapter
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.state.store import Store
 
 __all__ = ["tool_registry"]
 
@@ -50,7 +50,7 @@ def tool_registry(
     if not servers:
         yield ToolRegistry(*local)
         return
-    from adapters.mcp.tools import McpTools  # the mcp extra, only when the gate asks for it
+    from capgate.adapters.mcp.tools import McpTools  # the mcp extra, only when the gate asks for it
 
     with McpTools(catalogue, servers, store, connect_timeout=connect_timeout, unplaced=True) as mcp:
         yield ToolRegistry(*local, mcp)

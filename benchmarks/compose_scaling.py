@@ -56,10 +56,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.in_process import InProcessTools
 from benchmarks.plot import loglog_svg
-from capgate.demo import demo_catalogue_dir
-from gateway import (
+from capgate import (
     AgentRequest,
     AsyncGateway,
     ConnectionStatus,
@@ -68,18 +66,20 @@ from gateway import (
     StaticCredentials,
     open_store,
 )
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
-from gateway.model.facts import Budget, ComposeInput, ExecuteInput
-from gateway.opa.binary import find_opa_binary
-from gateway.opa.bundle import write_bundle
-from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
-from gateway.opa.policies import default_policies_dir
-from gateway.opa.sidecar import PolicySidecar
+from capgate.adapters.in_process import InProcessTools
+from capgate.demo import demo_catalogue_dir
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
+from capgate.gateway.model.facts import Budget, ComposeInput, ExecuteInput
+from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.opa.bundle import write_bundle
+from capgate.gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
+from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.opa.sidecar import PolicySidecar
 
 SIZES = (10, 100, 1_000, 10_000)
 ROLES = ("sales", "support", "finance", "ops")

@@ -36,7 +36,7 @@ when the hash chain is broken, and any command 130 on Ctrl-C. Each command's
 ``--help`` lists its own.
 
 ``eval`` shows an answer only after the checks the dispatcher applies before obeying
-it (:mod:`gateway.dispatch.verify`, the same functions): an allow the dispatcher
+it (:mod:`capgate.gateway.dispatch.verify`, the same functions): an allow the dispatcher
 would refuse (with reasons, for a tool or version the catalogue lacks, with
 obligations other than the contract's) or a compose naming tools the catalogue
 lacks is an error, exit status 2, with the reason; never a 0.
@@ -63,15 +63,15 @@ from capgate.commands.common import (
     read_input,
 )
 from capgate.demo import demo_catalogue_dir
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.dispatch.verify import verify_compose, verify_execute
+from capgate.gateway.errors import CapgateError
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.bundle import write_bundle
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.version import __version__
 from capgate.serve import command as serve
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.dispatch.verify import verify_compose, verify_execute
-from gateway.errors import CapgateError
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.bundle import write_bundle
-from gateway.opa.sidecar import PolicySidecar
-from gateway.version import __version__
 
 __all__ = ["EXIT_DEMO_FAILED", "EXIT_DENIED", "EXIT_ERROR", "EXIT_OK", "main"]
 
@@ -132,7 +132,7 @@ def _eval(args: argparse.Namespace) -> int:
                 print(executed.model_dump_json(indent=2))
                 return EXIT_OK if executed.allow else EXIT_DENIED
             return _print_execute(executed)
-        from gateway.model.reasons import with_reasons
+        from capgate.gateway.model.reasons import with_reasons
 
         # The agent's answer first, checked as the dispatcher checks it; then, since
         # people read eval's answer, the reasons (capgate/explain/compose), which must

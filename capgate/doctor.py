@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.errors import CapgateError
-from gateway.opa.binary import SUPPORTED, find_opa
-from gateway.opa.policies import checkout_root, locate_policies
-from gateway.opa.sidecar import (
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.errors import CapgateError
+from capgate.gateway.opa.binary import SUPPORTED, find_opa
+from capgate.gateway.opa.policies import checkout_root, locate_policies
+from capgate.gateway.opa.sidecar import (
     OPA_TOKEN_ENV,
     OPA_TOKEN_FILE_ENV,
     OPA_URL_ENV,
@@ -29,7 +29,7 @@ from gateway.opa.sidecar import (
     configured_token,
     token_file_problem,
 )
-from gateway.version import __version__
+from capgate.gateway.version import __version__
 
 __all__ = ["Check", "run_doctor"]
 
@@ -45,9 +45,9 @@ class Check:
 
 
 def _installation() -> Check:
-    import gateway
+    import capgate
 
-    where = Path(gateway.__file__).resolve().parent.parent
+    where = Path(capgate.__file__).resolve().parent.parent
     root = checkout_root()
     kind = f"source checkout {root}" if root is not None else f"installed in {where}"
     return Check(

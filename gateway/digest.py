@@ -9,7 +9,7 @@ Parameters and tool output come from outside, and everything that later reads th
 (``json``, jsonschema, pydantic) recurses once per level of nesting: a value nested
 a thousand deep would end in ``RecursionError`` (not a capgate error) half-way
 through a check. :func:`plain_json` therefore walks a value *iteratively*, before
-any recursive code sees it, and refuses it with :class:`~gateway.errors.InvalidInput`
+any recursive code sees it, and refuses it with :class:`~capgate.gateway.errors.InvalidInput`
 unless it is plain JSON within the limits below. It returns a fresh copy made only
 of ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` and ``None``: what the
 caller does to its own objects afterwards, and whatever their subclasses override,
@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.errors import InvalidInput, quote
+from capgate.gateway.errors import InvalidInput, quote
 
 __all__ = [
     "MAX_DEPTH",

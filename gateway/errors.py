@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, ClassVar, Final
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from gateway.model.decisions import Reason
-    from gateway.model.outcomes import Outcome
+    from capgate.gateway.model.decisions import Reason
+    from capgate.gateway.model.outcomes import Outcome
 
 __all__ = [
     "CapabilityViolation",
@@ -284,7 +284,7 @@ class ToolFailed(CapgateError):
     """An authorised tool ran but its outcome is not a success.
 
     Raised only by the agent-side ``call_tool`` helper, which promises a result dict;
-    the dispatcher itself returns the :class:`~gateway.model.outcomes.Outcome` instead.
+    the dispatcher itself returns the :class:`~capgate.gateway.model.outcomes.Outcome` instead.
     """
 
     code: ClassVar[str] = "tool_failed"

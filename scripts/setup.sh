@@ -60,13 +60,13 @@ want="pyproject.toml ${pyproject_sum%% *}
 checkout $root"
 
 # The checkout the venv's capgate is installed from (nothing when it is not installed).
-# find_spec locates the package the way `import gateway` would, without running it, so
-# a half-edited gateway/ cannot pass for a broken venv. -I: run from this checkout,
-# plain `python -c` would find ./gateway through the current folder and always agree.
+# find_spec locates the package the way `import capgate` would, without running it, so
+# a half-edited capgate/ cannot pass for a broken venv. -I: run from this checkout,
+# plain `python -c` would find ./capgate through the current folder and always agree.
 installed_from() {
   "$venv/bin/python" -I -c '
 import importlib.util, os
-spec = importlib.util.find_spec("gateway")
+spec = importlib.util.find_spec("capgate")
 if spec is not None and spec.origin:
     print(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
 ' 2>/dev/null || true

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
-from gateway.model.contracts import Catalogue
-from gateway.opa.bundle import bundle_revision, write_bundle
-from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.bundle import bundle_revision, write_bundle
+from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 
 TRANSPORTS = ("process", "container")
 #: Modules whose tests run against both transports.

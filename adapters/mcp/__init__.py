@@ -1,11 +1,11 @@
 """The MCP transport: run catalogue tools on upstream MCP servers, pinned and reviewed.
 
-- :mod:`adapters.mcp.config`: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
-- :mod:`adapters.mcp.definitions`: what of a tool is pinned, its digest, diffs for people;
-- :mod:`adapters.mcp.pins`: recording listings, accepting and rejecting definitions;
-- :mod:`adapters.mcp.tools`: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
+- :mod:`capgate.adapters.mcp.config`: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
+- :mod:`capgate.adapters.mcp.definitions`: what of a tool is pinned, its digest, diffs for people;
+- :mod:`capgate.adapters.mcp.pins`: recording listings, accepting and rejecting definitions;
+- :mod:`capgate.adapters.mcp.tools`: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
 
-Only :mod:`adapters.mcp.tools` imports the ``mcp`` package, and this package imports
+Only :mod:`capgate.adapters.mcp.tools` imports the ``mcp`` package, and this package imports
 it only when ``McpTools`` is first asked for, so configuration, pins and the command
 line work without the extra installed. See ``docs/mcp-upstreams.md``.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from adapters.mcp.config import (
+from capgate.adapters.mcp.config import (
     MCP_ORACLE_ENV,
     MCP_SERVERS_ENV,
     ServerSpec,
@@ -24,7 +24,7 @@ from adapters.mcp.config import (
 )
 
 if TYPE_CHECKING:
-    from adapters.mcp.tools import McpTools
+    from capgate.adapters.mcp.tools import McpTools
 
 __all__ = [
     "MCP_ORACLE_ENV",
@@ -45,11 +45,11 @@ class McpUnavailable(ImportError):
 def __getattr__(name: str) -> Any:
     if name == "McpTools":
         try:
-            from adapters.mcp.tools import McpTools
+            from capgate.adapters.mcp.tools import McpTools
         except ImportError as exc:
             raise McpUnavailable(
                 "running tools on MCP servers needs the mcp extra: pip install 'capgate[mcp]' "
                 f"({exc})"
             ) from exc
         return McpTools
-    raise AttributeError(f"module 'adapters.mcp' has no attribute {name!r}")
+    raise AttributeError(f"module 'capgate.adapters.mcp' has no attribute {name!r}")

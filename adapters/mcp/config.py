@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import ClassVar, Final
 
-from gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.errors import CapgateError, InvalidInput, quote
 
 __all__ = [
     "MCP_ORACLE_ENV",

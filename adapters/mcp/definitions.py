@@ -4,7 +4,7 @@ A definition is the part of an MCP ``Tool`` that can change what a model is told
 what a call means: its ``name``, ``title``, ``description``, ``inputSchema``,
 ``outputSchema`` and ``annotations`` (wire names; a missing one is ``null``). The
 pin's digest is SHA-256 of its canonical JSON
-(:func:`gateway.state.records.definition_digest`), so a change to any of them, a
+(:func:`capgate.gateway.state.records.definition_digest`), so a change to any of them, a
 word of the description or a hint, is a new definition that quarantines the tool
 until a person accepts it.
 
@@ -21,9 +21,9 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.digest import plain_json
-from gateway.errors import InvalidInput, quote
-from gateway.state.records import definition_digest
+from capgate.gateway.digest import plain_json
+from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.state.records import definition_digest
 
 __all__ = [
     "DEFINITION_FIELDS",

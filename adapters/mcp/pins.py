@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from adapters.mcp.definitions import tool_definition
-from gateway.errors import InvalidInput, quote
-from gateway.model.contracts import Catalogue
-from gateway.state.records import LedgerEntry, PinRecord, PinStatus
-from gateway.state.store import Store, Tx
+from capgate.adapters.mcp.definitions import tool_definition
+from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.state.records import LedgerEntry, PinRecord, PinStatus
+from capgate.gateway.state.store import Store, Tx
 
 __all__ = [
     "PinChange",

@@ -1,6 +1,6 @@
 """Run granted tools on MCP servers: the MCP transport, over stdio and streamable HTTP.
 
-:class:`McpTools` implements the core's :class:`~gateway.dispatch.transport.Adapter`
+:class:`McpTools` implements the core's :class:`~capgate.gateway.dispatch.transport.Adapter`
 protocol for the catalogue contracts that name an ``upstream`` (a server of the
 ``MCP_SERVERS`` gate and a tool on it). By the time :meth:`McpTools.run` is called,
 OPA has allowed that exact call, so a denied call never reaches this module: no
@@ -18,7 +18,7 @@ loop and waits for it with a bound (connect timeout + call timeout + a grace
 second), so no call can hang the calling thread, whatever the server does.
 
 **Pinned definitions.** A tool runs only under a definition a person accepted
-(:mod:`adapters.mcp.pins`). Every listing is recorded: a changed definition
+(:mod:`capgate.adapters.mcp.pins`). Every listing is recorded: a changed definition
 quarantines the tool (the gateway's next facts carry it, OPA denies it as
 ``tool_quarantined``); a call already running finishes on the version it started
 with. Nothing is sent on a connection before its listing has been read and checked
@@ -36,7 +36,7 @@ against the catalogue contract's), structured results against the accepted outpu
 schema.
 
 **Unplaced tools.** With ``unplaced=True`` (the ``MCP_SERVERS`` gate of
-:func:`adapters.registry.tool_registry`) the adapter also runs the catalogue tools that
+:func:`capgate.adapters.registry.tool_registry`) the adapter also runs the catalogue tools that
 name no ``upstream``, on the configured server where a tool of the same name was
 accepted as that catalogue tool; until one is, such a tool is quarantined like any
 other upstream tool. Adapters before it in a registry (the in-process tools) keep
@@ -58,7 +58,7 @@ without it, the content blocks are returned as ``{"content": [...], "untrusted":
 true}``. Nothing here interprets output, and it never reaches OPA's input.
 
 **No lookup.** McpTools does not implement
-:class:`~gateway.dispatch.transport.SupportsLookup`: MCP has no standard way to ask a
+:class:`~capgate.gateway.dispatch.transport.SupportsLookup`: MCP has no standard way to ask a
 server what an earlier call did (``tools/call`` carries no operation id a server
 must remember, and a server's tasks are not a receipt store). So an ``unknown``
 outcome of a ``not_idempotent`` upstream tool is never sent again by the gateway;
@@ -100,17 +100,17 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from referencing import Registry
 
-from adapters.mcp.config import ServerSpec, UpstreamConfigError, UpstreamUnavailable
-from adapters.mcp.definitions import tool_definition
-from adapters.mcp.pins import record_listing
-from gateway.dispatch.registry import require_catalogue_names
-from gateway.dispatch.transport import CallContext, DefinitionChanged
-from gateway.errors import InvalidInput, cut, quote
-from gateway.model.contracts import Catalogue, Mode, ToolContract
-from gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
-from gateway.state.records import PinRecord, PinStatus, definition_digest
-from gateway.state.store import Store
-from gateway.version import __version__
+from capgate.adapters.mcp.config import ServerSpec, UpstreamConfigError, UpstreamUnavailable
+from capgate.adapters.mcp.definitions import tool_definition
+from capgate.adapters.mcp.pins import record_listing
+from capgate.gateway.dispatch.registry import require_catalogue_names
+from capgate.gateway.dispatch.transport import CallContext, DefinitionChanged
+from capgate.gateway.errors import InvalidInput, cut, quote
+from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
+from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
+from capgate.gateway.state.records import PinRecord, PinStatus, definition_digest
+from capgate.gateway.state.store import Store
+from capgate.gateway.version import __version__
 
 __all__ = ["IDEMPOTENCY_META_KEY", "McpTools"]
 
@@ -228,7 +228,7 @@ def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
 class McpTools:
     """Runs catalogue tools that name an ``upstream`` on the configured MCP servers.
 
-    ``servers`` are the gate's (:func:`adapters.mcp.config.servers_from_env`);
+    ``servers`` are the gate's (:func:`capgate.adapters.mcp.config.servers_from_env`);
     ``store`` is the gateway's, where definitions are pinned and accepted.
     ``call_timeout`` bounds one call once connected; ``connect_timeout`` bounds
     starting a server and its handshake. A server's stderr goes to ``errlog``

@@ -1,10 +1,10 @@
 """What the store commands share: exit codes, the store option, names, safe output.
 
 **The store** is named by ``--store URL`` or ``$CAPGATE_STORE``: a SQLite file path
-(or ``sqlite:///...``) or a ``postgresql://`` URL (:func:`gateway.state.open_store`).
+(or ``sqlite:///...``) or a ``postgresql://`` URL (:func:`capgate.gateway.state.open_store`).
 Only ``capgate tenants add`` creates a SQLite file; every other command refuses a
 path where there is none (:class:`StoreNotFound`), so a mistyped path is an error,
-not a new empty store. Messages name a store by :attr:`~gateway.state.Store.location`
+not a new empty store. Messages name a store by :attr:`~capgate.gateway.state.Store.location`
 (never a password), and an address that is refused is shown with its password cut
 out (:func:`redact_url`).
 
@@ -36,14 +36,14 @@ from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gateway.errors import InvalidInput, quote
-from gateway.model.facts import Identifier
-from gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
-from gateway.state import open_store, parse_store_url
-from gateway.state.errors import StoreBusy, StoreError, StoreURLError
-from gateway.state.records import MAX_AMOUNT
-from gateway.state.store import Store
-from gateway.state.times import to_text
+from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.model.facts import Identifier
+from capgate.gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
+from capgate.gateway.state import open_store, parse_store_url
+from capgate.gateway.state.errors import StoreBusy, StoreError, StoreURLError
+from capgate.gateway.state.records import MAX_AMOUNT
+from capgate.gateway.state.store import Store
+from capgate.gateway.state.times import to_text
 
 __all__ = [
     "EXIT_BROKEN",
@@ -205,9 +205,9 @@ def seconds(text: str) -> float:
 def add_timeout(parser: argparse.ArgumentParser) -> None:
     """``--timeout SECONDS``: how long OPA may take to answer (the client's timeout).
 
-    The default is :data:`~gateway.opa.client.DEFAULT_TIMEOUT`; a question about
+    The default is :data:`~capgate.gateway.opa.client.DEFAULT_TIMEOUT`; a question about
     every tool of the catalogue adds its allowance a tool to whichever is used
-    (:func:`~gateway.opa.client.whole_catalogue_timeout`).
+    (:func:`~capgate.gateway.opa.client.whole_catalogue_timeout`).
     """
     parser.add_argument(
         "--timeout",

@@ -3,10 +3,10 @@
     capgate deploy init DIR [--bundle-url URL] [--poll-min-delay S] [--poll-max-delay S]
     capgate bundle CATALOGUE OUT.tar.gz --sign-key KEY --token-file FILE [--token-file ...]
 
-``deploy init`` makes a deployment folder once (:func:`gateway.opa.deploy.init_deployment`:
+``deploy init`` makes a deployment folder once (:func:`capgate.gateway.opa.deploy.init_deployment`:
 the gateway's OPA token, the bundle-signing key pair, the sidecars' OPA configuration)
 and prints what goes where. ``bundle --sign-key`` writes the signed deployment bundle
-that the bundle server serves (:func:`gateway.opa.deploy.write_signed_bundle`). Neither
+that the bundle server serves (:func:`capgate.gateway.opa.deploy.write_signed_bundle`). Neither
 prints a token or a key: only paths, modes and the bundle's revision.
 """
 
@@ -17,15 +17,15 @@ import shlex
 from pathlib import Path
 
 from capgate.commands.common import EXIT_OK, Actions, add_group, exit_codes
-from gateway.catalogue import load_catalogue
-from gateway.opa.deploy import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.opa.deploy import (
     DEFAULT_BUNDLE_URL,
     DEFAULT_POLLING,
     Deployment,
     init_deployment,
     write_signed_bundle,
 )
-from gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, read_token_file
+from capgate.gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, read_token_file
 
 __all__ = ["register", "run_signed_bundle"]
 

@@ -31,7 +31,7 @@ a requirement dropped from a contract shows as a call denied -> allowed. Over
 (default: the current folder); without HEAD the other side is the working tree.
 Each revision's ``--policies`` folder and ``--catalogue`` folder are extracted with
 ``git archive`` into a private temporary folder, the catalogue is loaded and the
-bundle written as ``capgate bundle`` writes it (:func:`gateway.opa.bundle.write_bundle`),
+bundle written as ``capgate bundle`` writes it (:func:`capgate.gateway.opa.bundle.write_bundle`),
 and one ``opa eval`` per batch of scenarios or calls evaluates them against that
 bundle (``data.capgate.compose.decision``, ``data.capgate.execute.decision``), so
 nothing of a decision is computed here. Each ``opa eval`` is stopped, and the diff
@@ -79,14 +79,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from capgate.commands.common import EXIT_ERROR, EXIT_OK, Actions, add_timeout, exit_codes, safe
-from gateway.catalogue import load_catalogue
-from gateway.digest import digest_of
-from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.model.contracts import Catalogue, ToolContract
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.binary import find_opa_binary
-from gateway.opa.bundle import write_bundle
-from gateway.opa.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.digest import digest_of
+from capgate.gateway.errors import InvalidInput, PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.opa.bundle import write_bundle
+from capgate.gateway.opa.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
 
 __all__ = [
     "CALL_VARIANTS",
@@ -419,7 +419,7 @@ def eval_seconds(side: Side, *, composes: int = 0, calls: int = 0) -> float:
 
     Each compose scenario asks about every tool of the catalogue (the visible set and
     every hidden tool's codes), so it is allowed what the policy client allows such a
-    question, :func:`~gateway.opa.client.whole_catalogue_timeout`; each call is a
+    question, :func:`~capgate.gateway.opa.client.whole_catalogue_timeout`; each call is a
     question about one tool, allowed the plain timeout. Starting ``opa eval`` (reading
     and compiling the bundle, which grows with the catalogue) counts as one more
     whole-catalogue question, and the sum is doubled, as an exchange with OPA may

@@ -10,11 +10,11 @@ embedded one, or ``--opa`` / ``$CAPGATE_OPA_URL``, as for ``eval``.
 
 Explaining compose is a question about every tool of the catalogue: OPA's work and
 answer grow with it, and so does how long it may take (``--timeout`` plus an
-allowance a tool, :func:`gateway.opa.client.whole_catalogue_timeout`).
+allowance a tool, :func:`capgate.gateway.opa.client.whole_catalogue_timeout`).
 
 Nothing here decides. The answer is the policy's explain entrypoint
 (``data.capgate.explain.compose`` or ``.execute``, through
-:meth:`gateway.opa.client.PolicyClient.explain_compose` and ``explain_execute``):
+:meth:`capgate.gateway.opa.client.PolicyClient.explain_compose` and ``explain_execute``):
 for each tool (compose) or for the one call (execute), every check with pass or
 fail, the reason code of a failing check, and the facts the check read. The real
 decision is asked as well, and an explanation whose verdict differs from it
@@ -48,11 +48,11 @@ from capgate.commands.common import (
     safe,
     table,
 )
-from gateway.catalogue import load_catalogue
-from gateway.errors import InvalidInput, PolicyUnavailable, quote
-from gateway.model.decisions import Check, ComposeExplanation, ExecuteExplanation
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.errors import InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.model.decisions import Check, ComposeExplanation, ExecuteExplanation
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.sidecar import PolicySidecar
 
 __all__ = ["register", "render_checks"]
 

@@ -3,7 +3,7 @@
 ``show`` prints rows in sequence order, all of them or those of one operation (the
 whole chain of a call: decision, proposal, review, dispatch, intent, outcome), one
 proposal or one tenant. ``verify`` recomputes the chain and exits 1 naming the
-first row that does not fit (:meth:`gateway.state.Store.verify_ledger`); keep the
+first row that does not fit (:meth:`capgate.gateway.state.Store.verify_ledger`); keep the
 last hash it prints somewhere the store's writers cannot reach, since no chain can
 show by itself that rows were cut off its end.
 """
@@ -32,9 +32,9 @@ from capgate.commands.common import (
     when,
 )
 from capgate.commands.state import require_tenant
-from gateway.errors import quote
-from gateway.state.errors import UnknownProposal
-from gateway.state.records import LedgerRow
+from capgate.gateway.errors import quote
+from capgate.gateway.state.errors import UnknownProposal
+from capgate.gateway.state.records import LedgerRow
 
 __all__ = ["register"]
 

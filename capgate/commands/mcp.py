@@ -1,7 +1,7 @@
 """``capgate mcp``: review the tool definitions of upstream MCP servers.
 
 A tool an MCP server offers runs behind capgate only under a definition a person
-accepted (:mod:`adapters.mcp.pins`):
+accepted (:mod:`capgate.adapters.mcp.pins`):
 
 - ``discover`` connects to the servers of the ``MCP_SERVERS`` gate (or ``--servers``,
   same syntax; ``MCP_ORACLE=1`` for the built-in oracle server), lists their tools and
@@ -29,9 +29,14 @@ import argparse
 from pathlib import Path
 from typing import Any, Final
 
-from adapters.mcp.config import ServerSpec, UpstreamConfigError, parse_servers, servers_from_env
-from adapters.mcp.definitions import annotation_hints, definition_diff
-from adapters.mcp.pins import accept_definition, reject_definition
+from capgate.adapters.mcp.config import (
+    ServerSpec,
+    UpstreamConfigError,
+    parse_servers,
+    servers_from_env,
+)
+from capgate.adapters.mcp.definitions import annotation_hints, definition_diff
+from capgate.adapters.mcp.pins import accept_definition, reject_definition
 from capgate.commands.common import (
     EXIT_DENIED,
     EXIT_ERROR,
@@ -49,11 +54,11 @@ from capgate.commands.common import (
     safe,
     when,
 )
-from gateway.catalogue import load_catalogue
-from gateway.errors import InvalidInput
-from gateway.model.contracts import Catalogue, ToolContract
-from gateway.state.errors import PinStale
-from gateway.state.records import PinRecord, PinStatus
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.state.errors import PinStale
+from capgate.gateway.state.records import PinRecord, PinStatus
 
 __all__ = ["configured_servers", "register"]
 
@@ -118,7 +123,7 @@ def _discover(args: argparse.Namespace) -> int:
             "no MCP server is configured: set MCP_SERVERS (or MCP_ORACLE=1), or pass --servers"
         )
     try:
-        from adapters.mcp.tools import McpTools
+        from capgate.adapters.mcp.tools import McpTools
     except ImportError as exc:
         raise InvalidInput(
             f"discover needs the mcp extra: pip install 'capgate[mcp]' ({exc})"

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Final
 
 from capgate.commands.common import EXIT_DEMO_FAILED, EXIT_ERROR, EXIT_OK, Actions, exit_codes
-from gateway.errors import InvalidInput
-from gateway.opa.policies import checkout_root
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.opa.policies import checkout_root
 
 __all__ = ["STEPS", "gate_command", "register", "snapshot"]
 

@@ -45,15 +45,15 @@ from capgate.commands.common import (
     when,
 )
 from capgate.commands.state import require_tenant
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import CapabilityViolation, CapgateError
-from gateway.model.facts import Principal
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.gateway import Gateway
-from gateway.state.errors import UnknownProposal
-from gateway.state.records import (
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import CapabilityViolation, CapgateError
+from capgate.gateway.model.facts import Principal
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state.errors import UnknownProposal
+from capgate.gateway.state.records import (
     OperationRecord,
     ProposalRecord,
     ProposalStatus,

@@ -40,15 +40,20 @@ from capgate.commands.common import (
     table,
     when,
 )
-from gateway.catalogue import load_catalogue
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import InvalidInput, PolicyUnavailable, quote
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
-from gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
-from gateway.service.credentials import EnvironmentCredentials
-from gateway.service.gateway import Gateway
-from gateway.state.errors import DuplicateRecord, StoreError, UnknownConnection, UnknownTenant
-from gateway.state.records import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
+from capgate.gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
+from capgate.gateway.service.credentials import EnvironmentCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state.errors import (
+    DuplicateRecord,
+    StoreError,
+    UnknownConnection,
+    UnknownTenant,
+)
+from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
     LedgerEntry,
@@ -56,8 +61,8 @@ from gateway.state.records import (
     ProposalStatus,
     TenantRecord,
 )
-from gateway.state.sql import SqlTx
-from gateway.state.store import Tx
+from capgate.gateway.state.sql import SqlTx
+from capgate.gateway.state.store import Tx
 
 __all__ = ["register", "require_tenant", "tenant_records"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.errors import quote
+from capgate.gateway.errors import quote
 
 __all__ = ["demo_catalogue_dir", "demo_catalogue_names"]
 

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import TypedDict
 
-from adapters.mcp.config import LOOPBACK_HOSTS, ServerSpec
+from capgate.adapters.mcp.config import LOOPBACK_HOSTS, ServerSpec
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 
 __all__ = ["ORACLE_SERVER_ID", "Omen", "main", "oracle_server_spec"]
@@ -45,7 +45,7 @@ def _server() -> object:
     from mcp.server.mcpserver import MCPServer
     from mcp_types import ToolAnnotations
 
-    from gateway.version import __version__
+    from capgate.gateway.version import __version__
 
     server = MCPServer("capgate-oracle", version=__version__, log_level="WARNING")
 

@@ -7,12 +7,12 @@ installed (and says so when ``serve`` is asked for).
 The order of start-up is the order of what can be wrong: the configuration (and the
 entry points it names), the catalogue, the store (never created here: a mistyped
 path is an error), every binding's tenant in that store, the upstream MCP servers'
-adapter (:class:`adapters.mcp.McpTools`, when ``upstreams`` names any, or else the
+adapter (:class:`capgate.adapters.mcp.McpTools`, when ``upstreams`` names any, or else the
 ``MCP_SERVERS`` / ``MCP_ORACLE`` gate), then OPA (embedded, started from the main
 thread so it dies with this process, or ``--opa``/``$CAPGATE_OPA_URL``), and only
 then the transport. Operations a previous process left running are reconciled
 first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it serves
-(:class:`gateway.service.recovery.Reconciler`): unknown outcomes are looked up
+(:class:`capgate.gateway.service.recovery.Reconciler`): unknown outcomes are looked up
 then, whether or not any agent calls again.
 """
 
@@ -27,7 +27,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from adapters.mcp.config import MCP_ORACLE_ENV, MCP_SERVERS_ENV, ServerSpec, servers_from_env
+from capgate.adapters.mcp.config import (
+    MCP_ORACLE_ENV,
+    MCP_SERVERS_ENV,
+    ServerSpec,
+    servers_from_env,
+)
 from capgate.commands.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -38,14 +43,14 @@ from capgate.commands.common import (
     opened_store,
 )
 from capgate.demo.oracle_server import oracle_server_spec
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.recovery import Reconciler
+from capgate.gateway.state.errors import UnknownTenant
 from capgate.serve.config import ConfigError, ServeConfig, bindings_of, load_config
-from gateway.catalogue import load_catalogue
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import InvalidInput
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.gateway import Gateway
-from gateway.service.recovery import Reconciler
-from gateway.state.errors import UnknownTenant
 
 if TYPE_CHECKING:
     import socket
@@ -195,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             # Bound before OPA starts: a port in use is an error at once.
             sock = stack.enter_context(loopback_socket(*address)) if address else None
             if upstreams:  # servers start at their first call, and stop with this command
-                from adapters.mcp import McpTools
+                from capgate.adapters.mcp import McpTools
 
                 registry.attach(
                     stack.enter_context(McpTools(catalogue, upstreams, store, unplaced=True))

@@ -24,10 +24,10 @@ give anyone a token::
 The file is YAML (JSON is YAML too), read strictly: a key given twice in one
 mapping, an unknown key, a malformed digest or a digest given twice is an error
 naming where. ``tools`` (one entry point or a list) names ``module:attribute``
-objects whose ``tools()`` returns an :class:`~gateway.dispatch.transport.Adapter`;
+objects whose ``tools()`` returns an :class:`~capgate.gateway.dispatch.transport.Adapter`;
 they are imported and called, so the file is as trusted as code: it is refused when
 others than its owner may write it. ``upstreams`` (optional) names MCP servers in the
-``MCP_SERVERS`` syntax of :mod:`adapters.mcp.config`, whose tools the catalogue maps
+``MCP_SERVERS`` syntax of :mod:`capgate.adapters.mcp.config`, whose tools the catalogue maps
 (not given: the ``MCP_SERVERS`` gate of the environment); ``reconcile_seconds`` how
 often unknown outcomes are looked up while serving.
 """
@@ -46,13 +46,17 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from adapters.mcp.config import ServerSpec, parse_servers
-from gateway.dispatch.transport import Adapter
-from gateway.errors import CapgateError, InvalidInput, quote
-from gateway.model.facts import Identifier
-from gateway.service.credentials import CredentialResolver, EnvironmentCredentials, NoCredentials
-from gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
-from gateway.service.requests import AgentRequest
+from capgate.adapters.mcp.config import ServerSpec, parse_servers
+from capgate.gateway.dispatch.transport import Adapter
+from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.model.facts import Identifier
+from capgate.gateway.service.credentials import (
+    CredentialResolver,
+    EnvironmentCredentials,
+    NoCredentials,
+)
+from capgate.gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
+from capgate.gateway.service.requests import AgentRequest
 
 __all__ = [
     "DEFAULT_POLL_SECONDS",
@@ -112,7 +116,7 @@ class ServeConfig(_Strict):
 
     tools: list[str] = Field(min_length=1)
     #: Upstream MCP servers, in ``MCP_SERVERS`` syntax (docs/mcp-upstreams.md): their
-    #: tools run through :class:`adapters.mcp.McpTools`, after the ``tools`` adapters.
+    #: tools run through :class:`capgate.adapters.mcp.McpTools`, after the ``tools`` adapters.
     #: Not given: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate of the environment.
     upstreams: str | None = None
     #: How often the gateway reconciles while it serves: operations left running by

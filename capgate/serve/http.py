@@ -37,9 +37,9 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
+from capgate.gateway.errors import InvalidInput, quote
 from capgate.serve.config import ServeConfig
 from capgate.serve.server import GatewayMCP
-from gateway.errors import InvalidInput, quote
 
 __all__ = ["MCP_PATH", "BindingVerifier", "http_app", "loopback_socket", "parse_listen_address"]
 

@@ -55,7 +55,7 @@ hidden or no such tool     true      ``{"error": "unknown_tool", "message"}``, t
 invalid arguments          true      ``{"error": "input_invalid", "message"}`` naming the
                                      field and the rule, never the value
 no decision (fail closed)  true      ``{"error": "policy_unavailable", "message"}`` (and
-                                     the other codes of ``gateway.errors``), a fixed
+                                     the other codes of ``capgate.gateway.errors``), a fixed
                                      message
 =========================  ========  ====================================================
 
@@ -76,7 +76,7 @@ from typing import Any, Final
 
 import mcp_types as types
 
-from gateway.errors import (
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     CredentialUnavailable,
@@ -85,10 +85,10 @@ from gateway.errors import (
     ToolNotRegistered,
     cut,
 )
-from gateway.model.outcomes import Outcome
-from gateway.model.schema import schema_validator
-from gateway.state.errors import StoreError, UnknownTenant
-from gateway.state.records import ProposalRecord
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.model.schema import schema_validator
+from capgate.gateway.state.errors import StoreError, UnknownTenant
+from capgate.gateway.state.records import ProposalRecord
 
 __all__ = [
     "OUTCOME_META_KEY",

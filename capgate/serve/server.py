@@ -79,6 +79,12 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
+from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.version import __version__
 from capgate.serve.config import DEFAULT_POLL_SECONDS, Binding
 from capgate.serve.results import (
     Answer,
@@ -89,12 +95,6 @@ from capgate.serve.results import (
     tool_result,
     unknown_tool_answer,
 )
-from gateway.errors import CapgateError, InvalidInput, quote
-from gateway.model.contracts import ToolContract
-from gateway.model.outcomes import Outcome
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.version import __version__
 
 __all__ = ["OPERATION_META_KEY", "Caller", "GatewayMCP", "tool_view"]
 

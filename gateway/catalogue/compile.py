@@ -1,6 +1,6 @@
 """Compile a loaded catalogue into the data document OPA reads.
 
-:func:`compile_catalogue` turns a :class:`~gateway.model.contracts.Catalogue` into
+:func:`compile_catalogue` turns a :class:`~capgate.gateway.model.contracts.Catalogue` into
 ``data.capgate.catalogue`` as ``docs/policy-interface.md`` specifies: keyed by name
 so that every policy lookup is one index, without the descriptions and schemas the
 policy never reads, and stamped with a digest that identifies exactly this data.
@@ -19,8 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.digest import canonical_json, digest_of
-from gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.model.contracts import Catalogue, ToolContract
 
 __all__ = ["catalogue_digest", "compile_catalogue", "compile_index"]
 

@@ -3,10 +3,10 @@
 A catalogue is a directory of four files (``tools.yaml``, ``roles.yaml``,
 ``task_types.yaml``, ``budget_classes.yaml``; see ``docs/catalogue.md``).
 :func:`load_catalogue` checks all of them and reports every problem in one
-:class:`~gateway.errors.CatalogueError`, each naming the file, the entry and the
+:class:`~capgate.gateway.errors.CatalogueError`, each naming the file, the entry and the
 field, so one run shows everything to fix. It returns a whole catalogue or nothing.
 
-Compiling it for OPA is :mod:`gateway.catalogue.compile`'s job.
+Compiling it for OPA is :mod:`capgate.gateway.catalogue.compile`'s job.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
-from gateway.errors import CatalogueError, cut, quote
-from gateway.model.contracts import (
+from capgate.gateway.errors import CatalogueError, cut, quote
+from capgate.gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
     CatalogueProblems,
@@ -28,7 +28,7 @@ from gateway.model.contracts import (
     TaskTypeSpec,
     ToolContract,
 )
-from gateway.model.facts import Identifier
+from capgate.gateway.model.facts import Identifier
 
 __all__ = ["CATALOGUE_FILES", "load_catalogue"]
 
@@ -315,7 +315,7 @@ def _check_task_tools(
 def load_catalogue(directory: Path) -> Catalogue:
     """Load and cross-check the catalogue in ``directory``.
 
-    Raises :class:`~gateway.errors.CatalogueError` listing every problem found in
+    Raises :class:`~capgate.gateway.errors.CatalogueError` listing every problem found in
     all four files; nothing is returned unless the whole catalogue is valid.
     """
     directory = Path(directory)

@@ -1,7 +1,7 @@
 """The enforcement point: ask OPA, obey the answer, run the tool, normalise the result.
 
 The dispatcher decides nothing itself, and holds no state: the facts it sends come
-from its caller (the :class:`~gateway.service.gateway.Gateway` gathers them from its
+from its caller (the :class:`~capgate.gateway.service.gateway.Gateway` gathers them from its
 store). A call is two steps, so that a decided call can wait (a reviewed proposal,
 queued work) without anything being decided twice:
 
@@ -9,25 +9,25 @@ queued work) without anything being decided twice:
   :class:`Authorised` call: a frozen grant of exactly what was decided (contract,
   action, parameters, operation id, key, adapter), or raises before anything runs;
 - :meth:`Dispatcher.run` runs an authorised call and never raises: whatever happens
-  is an :class:`~gateway.model.outcomes.Outcome`.
+  is an :class:`~capgate.gateway.model.outcomes.Outcome`.
 
 For each call it
 
 1. checks the call's arguments and copies the parameters once as plain JSON within
-   :mod:`gateway.digest`'s limits (iteratively: no nesting reaches a recursive
+   :mod:`capgate.gateway.digest`'s limits (iteratively: no nesting reaches a recursive
    reader), validates that copy against the tool's input schema (bad input never
    reaches OPA or the tool) and computes its digest itself; the same copy is what
    the tool later receives;
 2. asks OPA's ``capgate/execute`` once, failing closed on any problem;
 3. obeys the answer only if it fits the catalogue and the call, with exactly the
-   obligations the contract requires (:mod:`gateway.dispatch.verify`, which
+   obligations the contract requires (:mod:`capgate.gateway.dispatch.verify`, which
    ``capgate eval`` runs too);
 4. only then looks up a transport (so a denied call touches none) and runs the tool;
-5. turns whatever happened into an :class:`~gateway.model.outcomes.Outcome`.
+5. turns whatever happened into an :class:`~capgate.gateway.model.outcomes.Outcome`.
 
-Malformed arguments of any kind end in :class:`~gateway.errors.InvalidInput`, and a
-decider that fails in any way in :class:`~gateway.errors.PolicyUnavailable`: nothing
-outside :mod:`gateway.errors` leaves ``call`` or ``compose`` before the tool runs.
+Malformed arguments of any kind end in :class:`~capgate.gateway.errors.InvalidInput`, and a
+decider that fails in any way in :class:`~capgate.gateway.errors.PolicyUnavailable`: nothing
+outside :mod:`capgate.gateway.errors` leaves ``call`` or ``compose`` before the tool runs.
 Tool output is untrusted: it is copied within the output limits, checked against the
 output schema and returned as data, never interpreted; output that breaks any of
 that is an ``unknown`` outcome (the tool has run), never an exception.
@@ -47,11 +47,11 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
-from gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter, CallContext, Secret
-from gateway.dispatch.verify import Grant, verify_compose, verify_execute
-from gateway.errors import (
+from capgate.gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import Adapter, CallContext, Secret
+from capgate.gateway.dispatch.verify import Grant, verify_compose, verify_execute
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     InvalidInput,
@@ -61,14 +61,14 @@ from gateway.errors import (
     cut,
     quote,
 )
-from gateway.model.contracts import Catalogue, Mode, ToolContract
-from gateway.model.decisions import (
+from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
+from capgate.gateway.model.decisions import (
     ComposeDecision,
     ComposeExplanation,
     ExecuteDecision,
     Reason,
 )
-from gateway.model.facts import (
+from capgate.gateway.model.facts import (
     Approval,
     Budget,
     ComposeInput,
@@ -77,15 +77,15 @@ from gateway.model.facts import (
     ProposalRef,
     Stage,
 )
-from gateway.model.outcomes import (
+from capgate.gateway.model.outcomes import (
     Outcome,
     OutcomeStatus,
     ToolRefused,
     ToolRetryable,
     ToolUnknown,
 )
-from gateway.model.reasons import with_reasons
-from gateway.model.schema import schema_validator
+from capgate.gateway.model.reasons import with_reasons
+from capgate.gateway.model.schema import schema_validator
 
 __all__ = [
     "Authorised",
@@ -221,12 +221,12 @@ class Dispatcher:
 
         With ``reasons`` (for people: ``capgate eval``, the demo), the decider's
         explanation (``capgate/explain/compose``) fills ``excluded``, and the two
-        answers must agree (:func:`~gateway.model.reasons.with_reasons`); an agent
+        answers must agree (:func:`~capgate.gateway.model.reasons.with_reasons`); an agent
         needs only the visible names, so that second query is not the default.
 
         Raises InvalidInput for facts that are not a ComposeInput and
         PolicyUnavailable for no usable answer, including one that does not fit the
-        catalogue (:func:`~gateway.dispatch.verify.verify_compose`), or for reasons
+        catalogue (:func:`~capgate.gateway.dispatch.verify.verify_compose`), or for reasons
         asked of a decider that cannot explain.
         """
         facts = _compose_facts(facts)

@@ -6,7 +6,7 @@ consulted, so adding a transport can never weaken the boundary. Adapters are tri
 in the order they were given; the first that holds a name runs it.
 
 The registry belongs to the library core and knows adapters only through the
-:class:`~gateway.dispatch.transport.Adapter` protocol; the transports themselves
+:class:`~capgate.gateway.dispatch.transport.Adapter` protocol; the transports themselves
 (in-process, MCP) live in the ``adapters`` package and depend on this one.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from gateway.dispatch.transport import Adapter
-from gateway.errors import ToolNotInCatalogue, quote
+from capgate.gateway.dispatch.transport import Adapter
+from capgate.gateway.errors import ToolNotInCatalogue, quote
 
 __all__ = ["ToolRegistry", "require_catalogue_names"]
 

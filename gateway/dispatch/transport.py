@@ -120,7 +120,7 @@ class DefinitionChanged(Exception):
     """The definition a tool's server shows now is not the one a person accepted.
 
     Raised by an adapter's ``definition_digest``
-    (:class:`gateway.service.definitions.SupportsDefinitions`) when it finds that out
+    (:class:`capgate.gateway.service.definitions.SupportsDefinitions`) when it finds that out
     before anything is sent; the gateway then refuses the call as
     ``tool_quarantined`` (nothing is claimed, reserved or sent), exactly as OPA would
     have with the new listing in its facts. Never leaves the gateway.

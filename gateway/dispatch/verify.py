@@ -6,7 +6,7 @@ about, before anything acts on it. A decision that does not fit means OPA and th
 process disagree (another catalogue, a policy bug, an impostor), and then neither
 is trusted: the answer is refused.
 
-The :class:`~gateway.dispatch.dispatcher.Dispatcher` and ``capgate eval`` both run
+The :class:`~capgate.gateway.dispatch.dispatcher.Dispatcher` and ``capgate eval`` both run
 exactly these functions, so what the command line shows as an allow is what the
 dispatcher would run, and the two cannot drift apart.
 
@@ -14,7 +14,7 @@ dispatcher would run, and the two cannot drift apart.
     every tool named (visible or excluded) is in the catalogue, and no tool is both
     visible and excluded, or visible twice.
 ``verify_execute``
-    a deny raises :class:`~gateway.errors.CapabilityViolation`; an allow must carry
+    a deny raises :class:`~capgate.gateway.errors.CapabilityViolation`; an allow must carry
     no reasons, name a tool of the catalogue at its catalogue version, and carry
     exactly the obligations the tool's contract requires (:func:`required_obligations`),
     nothing missing, extra, repeated or altered. It returns the :class:`Grant` the
@@ -28,10 +28,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.errors import CapabilityViolation, ObligationUnsupported, PolicyUnavailable, quote
-from gateway.model.contracts import Catalogue, Idempotency, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
-from gateway.model.facts import ExecuteInput, Stage
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    ObligationUnsupported,
+    PolicyUnavailable,
+    quote,
+)
+from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Obligation, Reason
+from capgate.gateway.model.facts import ExecuteInput, Stage
 
 __all__ = [
     "KNOWN_OBLIGATIONS",

@@ -4,5 +4,5 @@
 ``decisions`` (what comes back) and ``outcomes`` (what a run produced), with
 ``schema`` and ``formats`` (capgate's strict JSON Schema dialect for tool contracts).
 They import nothing of capgate's but two leaf modules, the error hierarchy and
-``gateway.digest``'s plain-JSON check, so every other room can depend on them.
+``capgate.gateway.digest``'s plain-JSON check, so every other room can depend on them.
 """

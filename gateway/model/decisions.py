@@ -1,7 +1,7 @@
 """Typed decisions read back from OPA.
 
 The policy client validates every answer against these models; anything that does
-not fit raises :class:`gateway.errors.PolicyUnavailable`, so a malformed decision can
+not fit raises :class:`capgate.gateway.errors.PolicyUnavailable`, so a malformed decision can
 never be read as an allow.
 
 Each decision also says what it was made under. ``catalogue_digest`` is set by the
@@ -111,7 +111,7 @@ class ComposeDecision(_Provenance):
     OPA answers with ``visible`` (and the digest) only. ``excluded`` holds, for every
     other tool, the reasons that hide it, and is filled only when the caller asked
     for reasons (``compose(facts, reasons=True)``), from ``capgate/explain/compose``
-    with messages rendered by :mod:`gateway.model.reasons`; otherwise it is empty.
+    with messages rendered by :mod:`capgate.gateway.model.reasons`; otherwise it is empty.
     """
 
     visible: list[str]

@@ -7,7 +7,7 @@ these models *is* the policy input contract documented in ``docs/policy-interfac
 Names that are dict *keys* (an unknown field, a connection alias) are checked before
 pydantic sees them: pydantic puts a bad key into the error's location whole, so a
 megabyte-long alias would come back as a megabyte-long message. Here it is quoted
-cut short (:func:`gateway.errors.quote`).
+cut short (:func:`capgate.gateway.errors.quote`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.errors import quote
+from capgate.gateway.errors import quote
 
 __all__ = [
     "Approval",

@@ -4,7 +4,7 @@ jsonschema's stock checks are lenient where it matters to a gateway: its ``email
 check is ``"@" in value``, so ``"buyer@example.test\\nBcc: attacker@evil.test"``
 passes, and other formats are skipped unless optional packages are installed. A
 format capgate cannot check strictly is refused when the catalogue loads (see
-:mod:`gateway.model.schema`), so no ``format`` in a catalogue is ever silently
+:mod:`capgate.gateway.model.schema`), so no ``format`` in a catalogue is ever silently
 unchecked. Every check here reads the text exactly: whole-string matches only
 (Python's ``$`` would accept a final newline), ASCII digits only (``\\d`` and
 ``int()`` accept other scripts' digits).

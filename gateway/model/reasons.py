@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.errors import PolicyUnavailable
-from gateway.model.decisions import ComposeDecision, ComposeExplanation, Reason
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.decisions import ComposeDecision, ComposeExplanation, Reason
 
 __all__ = ["TEMPLATES", "compose_reasons", "render", "with_reasons"]
 

@@ -13,7 +13,7 @@ Stock jsonschema is, in three ways, and this module closes each:
    engine, with the ``u`` flag. Every pattern must compile when the catalogue loads.
 2. **Formats are checked strictly or refused.** jsonschema's own ``email`` check is
    ``"@" in value``, and formats it has no checker for pass silently. capgate checks
-   the formats in :data:`gateway.model.formats.FORMATS` with its own code, and a
+   the formats in :data:`capgate.gateway.model.formats.FORMATS` with its own code, and a
    schema naming any other format is refused at load.
 3. **Unknown keywords are refused.** Validators ignore a keyword they do not know,
    so a typo (``maxLenght: 20``) silently removes the limit. Only the keywords of
@@ -53,9 +53,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
 
-from gateway.digest import plain_json
-from gateway.errors import InvalidInput, cut, quote
-from gateway.model.formats import FORMATS, compile_ecma_regex
+from capgate.gateway.digest import plain_json
+from capgate.gateway.errors import InvalidInput, cut, quote
+from capgate.gateway.model.formats import FORMATS, compile_ecma_regex
 
 __all__ = [
     "DIALECT",

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gateway.errors import OPAProcessError
-from gateway.opa.policies import checkout_root
+from capgate.gateway.errors import OPAProcessError
+from capgate.gateway.opa.policies import checkout_root
 
 __all__ = [
     "MIN_VERSION",

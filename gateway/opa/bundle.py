@@ -17,7 +17,7 @@ failure part-way leaves either the previous bundle or nothing, never half of one
 
 The policies folder may also hold ``system/``: the deployment's own policies for OPA
 (``system.authz``, ``system.log``). They are not capgate's decisions and are never
-part of this bundle; :mod:`gateway.opa.deploy` adds them, with their own roots, to
+part of this bundle; :mod:`capgate.gateway.opa.deploy` adds them, with their own roots, to
 the signed bundle a deployed OPA loads (``extra`` and ``extra_roots`` below).
 """
 
@@ -32,9 +32,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.catalogue.compile import compile_catalogue
-from gateway.model.contracts import Catalogue
-from gateway.opa.policies import default_policies_dir
+from capgate.gateway.catalogue.compile import compile_catalogue
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.policies import default_policies_dir
 
 __all__ = ["BUNDLE_ROOT", "DATA_PATH", "bundle_revision", "write_bundle"]
 
@@ -179,7 +179,7 @@ def write_bundle(
     """Write the bundle directory ``out_dir`` and return it.
 
     It holds every ``*.rego`` under ``policies_dir`` (default: the folder that
-    :func:`gateway.opa.policies.locate_policies` chooses) except ``*_test.rego`` and
+    :func:`capgate.gateway.opa.policies.locate_policies` chooses) except ``*_test.rego`` and
     the ``system/`` folder, at the same relative paths; the compiled catalogue at
     ``capgate/catalogue/data.json``; and a ``.manifest`` with :func:`bundle_revision`
     as ``revision`` and ``capgate`` as the only root. An earlier bundle at
@@ -188,7 +188,7 @@ def write_bundle(
 
     ``extra`` adds files (relative path to bytes, outside ``capgate/``) and
     ``extra_roots`` the roots they claim; both count in the revision. The deployment
-    bundle (:mod:`gateway.opa.deploy`) adds the system policies this way.
+    bundle (:mod:`capgate.gateway.opa.deploy`) adds the system policies this way.
     """
     policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
     sources = _sources(policies, extra)

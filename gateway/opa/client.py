@@ -3,7 +3,7 @@
 The client is the one place where HTTP meets policy. It knows how to reach OPA, how
 long to wait, and what a usable answer looks like; it does not know what an answer
 means. Every way an answer can be missing, malformed or ambiguous is translated
-here, at the edge, into :class:`gateway.errors.PolicyUnavailable`, so the dispatcher
+here, at the edge, into :class:`capgate.gateway.errors.PolicyUnavailable`, so the dispatcher
 sees either a validated decision or a refusal, and a broken OPA can never be read
 as an allow::
 
@@ -77,8 +77,8 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from gateway.errors import InvalidInput, PolicyUnavailable
-from gateway.model.decisions import (
+from capgate.gateway.errors import InvalidInput, PolicyUnavailable
+from capgate.gateway.model.decisions import (
     ATTACHED_FIELDS,
     ComposeDecision,
     ComposeExplanation,
@@ -86,9 +86,9 @@ from gateway.model.decisions import (
     ExecuteExplanation,
     ReviewDecision,
 )
-from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
-from gateway.model.reasons import with_reasons
-from gateway.opa.transport import DEADLINE, AnswerTooLarge, DeadlineTransport
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
+from capgate.gateway.model.reasons import with_reasons
+from capgate.gateway.opa.transport import DEADLINE, AnswerTooLarge, DeadlineTransport
 
 __all__ = [
     "CATALOGUE_DIGEST_PATH",
@@ -527,7 +527,7 @@ class PolicyClient:
     part of the deadline applies to it.
 
     ``catalogue_size`` is the number of tools in the catalogue OPA serves
-    (:class:`~gateway.opa.sidecar.PolicySidecar` passes it). A question about every
+    (:class:`~capgate.gateway.opa.sidecar.PolicySidecar` passes it). A question about every
     tool at once (:meth:`explain_compose`, and so ``compose(reasons=True)``) is held
     to :attr:`catalogue_timeout` instead of ``timeout``:
     :func:`whole_catalogue_timeout`, ``timeout`` plus :data:`PER_TOOL_TIMEOUT` a
@@ -644,7 +644,7 @@ class PolicyClient:
 
         The answer names the visible tools only. With ``reasons``, the client also
         asks :meth:`explain_compose` and fills ``excluded`` with the reasons that
-        hide every other tool (messages from :mod:`gateway.model.reasons`), refusing
+        hide every other tool (messages from :mod:`capgate.gateway.model.reasons`), refusing
         both answers if they disagree: for people and audits, not for agents.
         """
         # Same serialisation as ExecuteInput.to_opa: None fields are sent as null.
@@ -751,7 +751,7 @@ class PolicyClient:
         ``GET /health?bundles=true`` answering 200, within the client's deadline. A
         sidecar that has not activated its bundle yet (none served, none that verifies)
         is not ready, and its decisions would be refused anyway: see
-        :meth:`gateway.opa.sidecar.PolicySidecar.ready`, which also checks the catalogue.
+        :meth:`capgate.gateway.opa.sidecar.PolicySidecar.ready`, which also checks the catalogue.
         """
         return self.health(bundles=True)
 

@@ -15,7 +15,7 @@ never committed::
     opa/config.yaml       0644  the sidecars' OPA configuration: no secret in it
 
 **The signed bundle** (:func:`write_signed_bundle`): the capgate bundle of
-:func:`gateway.opa.bundle.write_bundle` (policies and compiled catalogue, root
+:func:`capgate.gateway.opa.bundle.write_bundle` (policies and compiled catalogue, root
 ``capgate``) plus the system policies from the policies folder's ``system/``
 (``system.authz``: who may use OPA's API; ``system.log``: what its decision log
 keeps) and the SHA-256 of each gateway token (``data.system.gateway.tokens``),
@@ -53,12 +53,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gateway.errors import OPAProcessError
-from gateway.model.contracts import Catalogue
-from gateway.opa.binary import find_opa
-from gateway.opa.bundle import write_bundle
-from gateway.opa.client import check_token
-from gateway.opa.policies import default_policies_dir
+from capgate.gateway.errors import OPAProcessError
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.binary import find_opa
+from capgate.gateway.opa.bundle import write_bundle
+from capgate.gateway.opa.client import check_token
+from capgate.gateway.opa.policies import default_policies_dir
 
 __all__ = [
     "BUNDLE_NAME",

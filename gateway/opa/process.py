@@ -43,7 +43,7 @@ plus whatever the caller passes as ``env=`` (``EmbeddedOPA(..., env=...)``,
 ``TMPDIR`` cannot be overridden.
 
 Folders: OPA's folder is ``opa-<random>/`` inside this process's private run folder
-(:mod:`gateway.opa.workdir` has the layout and the rules: per-user root, 0700
+(:mod:`capgate.gateway.opa.workdir` has the layout and the rules: per-user root, 0700
 folders, owner record, removal on stop and at exit, sweeping of folders whose
 process died). It holds ``opa.sock`` (0600), ``opa.log`` (0600, OPA's stdout and
 stderr), ``home/``, ``tmp/`` and the generated log bundle, and is removed by
@@ -65,10 +65,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from gateway.errors import OPAProcessError
-from gateway.opa.binary import OPABinary, find_opa
-from gateway.opa.client import PolicyClient
-from gateway.opa.workdir import PrivateDir, private_dir, write_errors
+from capgate.gateway.errors import OPAProcessError
+from capgate.gateway.opa.binary import OPABinary, find_opa
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
 
 __all__ = ["RESERVED_ENV", "EmbeddedOPA"]
 
@@ -114,7 +114,7 @@ class EmbeddedOPA:
     """One OPA server serving ``bundle_dir`` on a private unix socket.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. Pass
-    :attr:`address` to :class:`gateway.opa.client.PolicyClient`. ``start`` returns
+    :attr:`address` to :class:`capgate.gateway.opa.client.PolicyClient`. ``start`` returns
     only once OPA reports every bundle activated, so the first decision is real.
 
     ``env`` adds variables to OPA's otherwise minimal environment (see the module

@@ -22,7 +22,7 @@ Rules:
 
 - **The root is checked, never trusted.** It is created 0700; an existing root
   that is a symbolic link, not a directory, owned by another user, or open to the
-  group or others is refused with :class:`~gateway.errors.OPAProcessError` (in a
+  group or others is refused with :class:`~capgate.gateway.errors.OPAProcessError` (in a
   shared ``/tmp`` anyone can create ``capgate-<uid>`` first, to read or replace
   what capgate writes). The root itself stays: removing it would race with other
   processes of the same user creating their run folders in it.
@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-from gateway.errors import OPAProcessError
+from capgate.gateway.errors import OPAProcessError
 
 __all__ = [
     "MAX_SOCKET_PATH",

@@ -9,20 +9,20 @@ through it. Visibility at compose time is a courtesy to the model; the execute
 decision is the boundary.
 
 An agent loop feeds ``call_tool`` whatever the model produced, so every argument is
-checked: malformed ones end in :class:`~gateway.errors.InvalidInput`, and nothing
-outside :mod:`gateway.errors` comes back from a session.
+checked: malformed ones end in :class:`~capgate.gateway.errors.InvalidInput`, and nothing
+outside :mod:`capgate.gateway.errors` comes back from a session.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import InvalidInput, ToolFailed
-from gateway.model.decisions import ComposeDecision
-from gateway.model.outcomes import Outcome
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state.records import ProposalRecord
+from capgate.gateway.errors import InvalidInput, ToolFailed
+from capgate.gateway.model.decisions import ComposeDecision
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.records import ProposalRecord
 
 __all__ = ["AgentSession"]
 

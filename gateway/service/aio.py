@@ -27,12 +27,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from gateway.model.decisions import ComposeDecision
-from gateway.model.facts import Principal
-from gateway.model.outcomes import Outcome
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state.records import ProposalRecord, ReviewRecord, ReviewVerdict
+from capgate.gateway.model.decisions import ComposeDecision
+from capgate.gateway.model.facts import Principal
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.records import ProposalRecord, ReviewRecord, ReviewVerdict
 
 __all__ = ["DEFAULT_MAX_CALLS", "DEFAULT_MAX_DECISIONS", "AsyncGateway"]
 
@@ -45,7 +45,7 @@ _T = TypeVar("_T")
 
 
 class AsyncGateway:
-    """A :class:`~gateway.service.gateway.Gateway` to await, from one event loop.
+    """A :class:`~capgate.gateway.service.gateway.Gateway` to await, from one event loop.
 
     Each method takes the arguments of the gateway's own and raises its errors.
     Use it as an async context manager, or call :meth:`close`: closing drops the

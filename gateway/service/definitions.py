@@ -1,10 +1,10 @@
 """What the gateway asks of an adapter whose tools run under accepted definitions.
 
 An MCP server describes its own tools, and may change them whenever it likes; capgate
-runs such a tool only under a definition a person accepted (``adapters.mcp.pins``).
+runs such a tool only under a definition a person accepted (``capgate.adapters.mcp.pins``).
 The stateful gateway is the one that reads the pins (with every call's facts) and
 writes the ledger, so the protocol an adapter implements for it lives here, beside
-the store's :class:`~gateway.state.records.PinRecord`, not in the stateless
+the store's :class:`~capgate.gateway.state.records.PinRecord`, not in the stateless
 dispatcher's transport contract.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
-from gateway.dispatch.transport import DefinitionChanged
-from gateway.state.records import PinRecord
+from capgate.gateway.dispatch.transport import DefinitionChanged
+from capgate.gateway.state.records import PinRecord
 
 __all__ = ["DefinitionChanged", "SupportsDefinitions"]
 

@@ -2,7 +2,7 @@
 
 A caller says who is asking, the task, the environment and the call; nothing more.
 Connection status, budget, evidence, approvals and operation history are read from
-the :class:`~gateway.state.store.Store` at decision time and sent to OPA as input,
+the :class:`~capgate.gateway.state.store.Store` at decision time and sent to OPA as input,
 so no caller can assert them. Every step that changes the world asks OPA again,
 with the facts as they are at that moment::
 
@@ -25,7 +25,7 @@ any allow (nothing is sent, so an expired approval or a revoked connection does 
 stand in the way); a retry through ``call`` or ``dispatch`` looks it up too before
 sending again (LOOKUP_BEFORE_RETRY). The same operation id with the same call
 returns the first outcome; with another call it is an
-:class:`~gateway.errors.OperationConflict`.
+:class:`~capgate.gateway.errors.OperationConflict`.
 """
 
 from __future__ import annotations
@@ -43,22 +43,22 @@ from typing import Any, Final, NoReturn, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.dispatch.dispatcher import (
+from capgate.gateway.dispatch.dispatcher import (
     Authorised,
     DecisionEvent,
     Dispatcher,
     PolicyDecider,
     policy_revision,
 )
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import (
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import (
     Adapter,
     CallContext,
     DefinitionChanged,
     Secret,
     SupportsLookup,
 )
-from gateway.errors import (
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     CredentialUnavailable,
@@ -67,9 +67,9 @@ from gateway.errors import (
     PolicyUnavailable,
     quote,
 )
-from gateway.model.contracts import Catalogue, Idempotency, ToolContract
-from gateway.model.decisions import ComposeDecision, Reason, ReviewDecision
-from gateway.model.facts import (
+from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from capgate.gateway.model.decisions import ComposeDecision, Reason, ReviewDecision
+from capgate.gateway.model.facts import (
     Approval,
     Budget,
     ComposeInput,
@@ -82,17 +82,17 @@ from gateway.model.facts import (
     Stage,
     Task,
 )
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.service.credentials import CredentialResolver, NoCredentials
-from gateway.service.definitions import SupportsDefinitions
-from gateway.service.requests import AgentRequest
-from gateway.state.errors import (
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
+from capgate.gateway.service.definitions import SupportsDefinitions
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.errors import (
     DuplicateOperation,
     UnknownOperation,
     UnknownProposal,
     UnknownTenant,
 )
-from gateway.state.records import (
+from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
     LedgerEntry,
@@ -105,7 +105,7 @@ from gateway.state.records import (
     ReviewRecord,
     ReviewVerdict,
 )
-from gateway.state.store import Store, Tx
+from capgate.gateway.state.store import Store, Tx
 
 __all__ = ["Gateway", "ReviewPolicy"]
 
@@ -255,8 +255,8 @@ class ReviewPolicy(PolicyDecider, Protocol):
 class Gateway:
     """The stateful front: store-backed facts, the life cycle, the ledger.
 
-    ``policy`` is normally a :class:`~gateway.opa.client.PolicyClient`; ``registry``
-    holds the adapters; ``store`` the state (see :func:`gateway.state.open_store`);
+    ``policy`` is normally a :class:`~capgate.gateway.opa.client.PolicyClient`; ``registry``
+    holds the adapters; ``store`` the state (see :func:`capgate.gateway.state.open_store`);
     ``credentials`` resolves a connection's secret at dispatch only.
     """
 

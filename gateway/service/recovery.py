@@ -15,10 +15,10 @@ import math
 import threading
 from typing import TYPE_CHECKING, Final
 
-from gateway.errors import CapgateError
+from capgate.gateway.errors import CapgateError
 
 if TYPE_CHECKING:
-    from gateway.service.gateway import Gateway
+    from capgate.gateway.service.gateway import Gateway
 
 __all__ = ["DEFAULT_RECONCILE_SECONDS", "Reconciler"]
 

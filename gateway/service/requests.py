@@ -12,8 +12,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from gateway.errors import quote
-from gateway.model.facts import Identifier, Principal, Task
+from capgate.gateway.errors import quote
+from capgate.gateway.model.facts import Identifier, Principal, Task
 
 __all__ = ["AgentRequest"]
 

@@ -14,7 +14,7 @@ store returns), ``errors``, ``open`` (addresses), ``sql`` (the one implementatio
 chain), ``times`` (the stored time form), ``backend`` (what a backend provides).
 """
 
-from gateway.state.errors import (
+from capgate.gateway.state.errors import (
     BudgetNotReserved,
     DuplicateOperation,
     DuplicateRecord,
@@ -30,9 +30,9 @@ from gateway.state.errors import (
     UnknownReview,
     UnknownTenant,
 )
-from gateway.state.ledger import GENESIS_HASH, hash_of, verify_rows
-from gateway.state.open import open_store, parse_store_url
-from gateway.state.store import SCHEMA_VERSION, Store, Tx
+from capgate.gateway.state.ledger import GENESIS_HASH, hash_of, verify_rows
+from capgate.gateway.state.open import open_store, parse_store_url
+from capgate.gateway.state.store import SCHEMA_VERSION, Store, Tx
 
 __all__ = [
     "GENESIS_HASH",

@@ -1,9 +1,9 @@
 """The store's errors, each with a stable ``code``.
 
-They live here until the store joins :mod:`gateway.errors`; all of them are
-:class:`~gateway.errors.CapgateError` subclasses, so a caller that catches capgate's
+They live here until the store joins :mod:`capgate.gateway.errors`; all of them are
+:class:`~capgate.gateway.errors.CapgateError` subclasses, so a caller that catches capgate's
 errors catches these too. Malformed values (a negative cost, an identifier that is
-not one, a naive datetime) are :class:`~gateway.errors.InvalidInput`, as everywhere
+not one, a naive datetime) are :class:`~capgate.gateway.errors.InvalidInput`, as everywhere
 else in capgate::
 
     StoreError               store_error               the backend failed, or refused a request
@@ -22,7 +22,7 @@ else in capgate::
     └── BudgetNotReserved    budget_not_reserved       settling more than is reserved
 
 Messages name what is wrong and quote caller-supplied identifiers only through
-:func:`gateway.errors.quote` (cut to about 80 characters). They never carry a
+:func:`capgate.gateway.errors.quote` (cut to about 80 characters). They never carry a
 password: a PostgreSQL store is named by :attr:`Store.location`, which has none.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gateway.errors import CapgateError, quote
+from capgate.gateway.errors import CapgateError, quote
 
 __all__ = [
     "BudgetNotReserved",
@@ -93,7 +93,7 @@ class StoreVersionError(StoreError):
 
 
 class StoreURLError(StoreError, ValueError):
-    """Not an address :func:`~gateway.state.open.open_store` accepts."""
+    """Not an address :func:`~capgate.gateway.state.open.open_store` accepts."""
 
     code: ClassVar[str] = "store_url_invalid"
 

@@ -1,9 +1,9 @@
 """The ledger's hash chain: how a row's hash is made, and how a chain is checked.
 
 Each row's ``hash`` is ``"sha256:"`` + the SHA-256 of the canonical JSON
-(:func:`gateway.digest.canonical_json`) of every other field of the row: ``seq``,
+(:func:`capgate.gateway.digest.canonical_json`) of every other field of the row: ``seq``,
 ``at`` (in the store's text form, exactly as stored), ``prev_hash`` and every
-:class:`~gateway.state.records.LedgerEntry` field. The first row's ``prev_hash`` is
+:class:`~capgate.gateway.state.records.LedgerEntry` field. The first row's ``prev_hash`` is
 :data:`GENESIS_HASH`; every later row's is the previous row's ``hash``.
 
 So changing any field of a row, or its hash, breaks that row; deleting, inserting
@@ -24,11 +24,11 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from gateway.digest import canonical_json, digest_of
-from gateway.errors import InvalidInput
-from gateway.state.errors import StoreError
-from gateway.state.records import LedgerEntry, LedgerRow, VerifyReport
-from gateway.state.times import from_text, to_text
+from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.state.errors import StoreError
+from capgate.gateway.state.records import LedgerEntry, LedgerRow, VerifyReport
+from capgate.gateway.state.times import from_text, to_text
 
 __all__ = [
     "ENTRY_FIELDS",

@@ -7,11 +7,11 @@ lock, every step above its version; a step that fails rolls back the whole upgra
 so a store is never left half-migrated (both backends have transactional DDL).
 
 A store whose version is above the last step here was written by a newer capgate:
-it is refused with :class:`~gateway.state.errors.StoreVersionError` and left as it
+it is refused with :class:`~capgate.gateway.state.errors.StoreVersionError` and left as it
 is, because this code could misread a fact that grants something.
 
 To change the schema, append a :class:`Migration` with the next version and raise
-``SCHEMA_VERSION`` in :mod:`gateway.state.store`; never edit a released step.
+``SCHEMA_VERSION`` in :mod:`capgate.gateway.state.store`; never edit a released step.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.state.backend import Dialect, Session
-from gateway.state.errors import StoreError, StoreVersionError
-from gateway.state.store import SCHEMA_VERSION
-from gateway.version import __version__
+from capgate.gateway.state.backend import Dialect, Session
+from capgate.gateway.state.errors import StoreError, StoreVersionError
+from capgate.gateway.state.store import SCHEMA_VERSION
+from capgate.gateway.version import __version__
 
 __all__ = ["MIGRATIONS", "Migration", "check_steps", "migrate", "read_version"]
 
@@ -42,7 +42,7 @@ class Migration:
 def _version_1(d: Dialect) -> list[str]:
     """Every table of the first schema.
 
-    Times are fixed-width UTC text (:mod:`gateway.state.times`), JSON is canonical
+    Times are fixed-width UTC text (:mod:`capgate.gateway.state.times`), JSON is canonical
     JSON text. Budget amounts are checked non-negative by the database too, as a
     backstop behind the store's own checks.
     """
@@ -252,7 +252,7 @@ def check_steps(steps: Sequence[Migration]) -> int:
 
 
 if check_steps(MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - caught by any import
-    raise RuntimeError("gateway.state: MIGRATIONS does not end at SCHEMA_VERSION")
+    raise RuntimeError("capgate.gateway.state: MIGRATIONS does not end at SCHEMA_VERSION")
 
 
 _VERSION_TABLE = """CREATE TABLE schema_version (

@@ -1,6 +1,6 @@
 """Open a store from one address string, as configuration gives it.
 
-Accepted forms (anything else is a :class:`~gateway.state.errors.StoreURLError`,
+Accepted forms (anything else is a :class:`~capgate.gateway.state.errors.StoreURLError`,
 which is also a ``ValueError``, naming these):
 
 - ``sqlite:///absolute/path/state.db`` (``sqlite:////absolute/...`` too): SQLite;
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from gateway.errors import quote
-from gateway.state.backend import Backend
-from gateway.state.errors import StoreURLError
-from gateway.state.postgres import PostgresBackend
-from gateway.state.sql import SqlStore
-from gateway.state.sqlite import SqliteBackend
-from gateway.state.store import Store
-from gateway.state.times import Clock
+from capgate.gateway.errors import quote
+from capgate.gateway.state.backend import Backend
+from capgate.gateway.state.errors import StoreURLError
+from capgate.gateway.state.postgres import PostgresBackend
+from capgate.gateway.state.sql import SqlStore
+from capgate.gateway.state.sqlite import SqliteBackend
+from capgate.gateway.state.store import Store
+from capgate.gateway.state.times import Clock
 
 __all__ = ["ACCEPTED_FORMS", "StoreAddress", "backend_for", "open_store", "parse_store_url"]
 

@@ -1,7 +1,7 @@
 """The server backend: PostgreSQL through psycopg 3, imported only when used.
 
 - **READ COMMITTED** for writing transactions, with the explicit row locks and
-  conditional statements of :mod:`gateway.state.sql`: each guarantee rests on a
+  conditional statements of :mod:`capgate.gateway.state.sql`: each guarantee rests on a
   lock the database takes, not on the isolation level, so no transaction ever
   fails with a serialisation error and has to be retried.
 - **Advisory locks** (``pg_advisory_xact_lock``), held until the transaction ends,
@@ -13,7 +13,7 @@
   a scarce resource (``max_connections`` is 100 by default, shared by every
   process), while a host application may run hundreds of threads. A transaction
   borrows one connection for its length; a thread that finds every connection
-  busy waits up to ``busy_timeout`` (then :class:`~gateway.state.errors.StoreBusy`).
+  busy waits up to ``busy_timeout`` (then :class:`~capgate.gateway.state.errors.StoreBusy`).
   Connections that broke are dropped, not reused. The pool is a few lines here
   rather than the ``psycopg_pool`` package: it needs no background thread and no
   further dependency, and this store asks nothing more of it.
@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.errors import cut
-from gateway.state.backend import Dialect, LockName, Session
-from gateway.state.errors import StoreBusy, StoreError
+from capgate.gateway.errors import cut
+from capgate.gateway.state.backend import Dialect, LockName, Session
+from capgate.gateway.state.errors import StoreBusy, StoreError
 
 if TYPE_CHECKING:
     import psycopg

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Final
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-from gateway.digest import canonical_json, digest_of
-from gateway.model.contracts import UpstreamToolName
-from gateway.model.facts import ConnectionStatus, Identifier, Principal
+from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.model.contracts import UpstreamToolName
+from capgate.gateway.model.facts import ConnectionStatus, Identifier, Principal
 
 __all__ = [
     "MAX_AMOUNT",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-#: A parameter digest as the dispatcher computes it (``gateway.digest``).
+#: A parameter digest as the dispatcher computes it (``capgate.gateway.digest``).
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 #: Largest budget amount (limit, cost, reservation): far beyond any real budget, and
 #: inside the 64-bit integers both backends store.
@@ -203,7 +203,7 @@ class OperationRecord(_Record):
 
 def definition_digest(definition: dict[str, Any]) -> str:
     """``sha256:<hex>`` of an upstream tool definition's canonical JSON (sorted keys, no
-    whitespace: :func:`gateway.digest.canonical_json`), as pins record it."""
+    whitespace: :func:`capgate.gateway.digest.canonical_json`), as pins record it."""
     return digest_of(canonical_json(definition))
 
 
@@ -285,7 +285,7 @@ class LedgerEntry(_Record):
 
 class LedgerRow(LedgerEntry):
     """A stored ledger row: ``seq`` counts from 1 without gaps; ``hash`` is
-    :func:`gateway.state.ledger.row_hash` of every other field."""
+    :func:`capgate.gateway.state.ledger.row_hash` of every other field."""
 
     seq: int = Field(ge=1)
     at: AwareDatetime

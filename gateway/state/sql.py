@@ -1,8 +1,8 @@
 """The store, written once in SQL for both backends.
 
-:class:`SqlStore` implements :class:`~gateway.state.store.Store` and
-:class:`SqlTx` implements :class:`~gateway.state.store.Tx` over any
-:class:`~gateway.state.backend.Backend`; SQLite and PostgreSQL differ only in their
+:class:`SqlStore` implements :class:`~capgate.gateway.state.store.Store` and
+:class:`SqlTx` implements :class:`~capgate.gateway.state.store.Tx` over any
+:class:`~capgate.gateway.state.backend.Backend`; SQLite and PostgreSQL differ only in their
 dialect and sessions. How each concurrency guarantee holds:
 
 - **Writers.** A writing transaction begins with what serialises writers on its
@@ -45,11 +45,11 @@ from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gateway.digest import canonical_json
-from gateway.errors import InvalidInput, quote
-from gateway.model.facts import ConnectionStatus, Identifier
-from gateway.state.backend import Backend, Dialect, LockName, Session
-from gateway.state.errors import (
+from capgate.gateway.digest import canonical_json
+from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.model.facts import ConnectionStatus, Identifier
+from capgate.gateway.state.backend import Backend, Dialect, LockName, Session
+from capgate.gateway.state.errors import (
     BudgetNotReserved,
     DuplicateOperation,
     DuplicateRecord,
@@ -63,7 +63,7 @@ from gateway.state.errors import (
     UnknownReview,
     UnknownTenant,
 )
-from gateway.state.ledger import (
+from capgate.gateway.state.ledger import (
     ENTRY_FIELDS,
     GENESIS_HASH,
     MAX_DETAIL_BYTES,
@@ -71,8 +71,14 @@ from gateway.state.ledger import (
     row_from_stored,
     row_hash,
 )
-from gateway.state.migrations import MIGRATIONS, Migration, check_steps, migrate, read_version
-from gateway.state.records import (
+from capgate.gateway.state.migrations import (
+    MIGRATIONS,
+    Migration,
+    check_steps,
+    migrate,
+    read_version,
+)
+from capgate.gateway.state.records import (
     MAX_AMOUNT,
     BudgetState,
     ConnectionRecord,
@@ -91,7 +97,7 @@ from gateway.state.records import (
     VerifyReport,
     definition_digest,
 )
-from gateway.state.times import Clock, from_text, read_clock, system_clock, to_text
+from capgate.gateway.state.times import Clock, from_text, read_clock, system_clock, to_text
 
 __all__ = ["SqlStore", "SqlTx"]
 
@@ -332,7 +338,7 @@ def _proposal_params(p: ProposalRecord) -> dict[str, Any]:
 
 
 class SqlTx:
-    """One open transaction on one session (see :class:`~gateway.state.store.Tx`).
+    """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it
     from another thread or afterwards is a StoreError, never a silent write outside
@@ -987,7 +993,7 @@ class SqlTx:
 
     def observe_pin(self, server: str, tool: str, definition: dict[str, Any] | None) -> PinRecord:
         """Record what the server shows of the tool now (None: it no longer lists it);
-        the pin's status follows from it (see :class:`~gateway.state.store.Tx`).
+        the pin's status follows from it (see :class:`~capgate.gateway.state.store.Tx`).
 
         The digest is computed here, from the definition's canonical JSON, so a pin's
         digest and definition always belong together.
@@ -1265,9 +1271,9 @@ class _Transaction:
 
 
 class SqlStore:
-    """A gateway's state in a SQL database (see :class:`~gateway.state.store.Store`).
+    """A gateway's state in a SQL database (see :class:`~capgate.gateway.state.store.Store`).
 
-    Opening migrates the schema (:mod:`gateway.state.migrations`) or refuses a newer
+    Opening migrates the schema (:mod:`capgate.gateway.state.migrations`) or refuses a newer
     one. One store object serves every thread of a process; each thread gets its
     own connection for the length of a transaction. Close it when done (or use it
     as a context manager); transactions still open then end with an error.

@@ -24,9 +24,9 @@ A transaction in which a statement failed is rolled back whole when it ends, eve
 if the caller caught the error: no step is ever half kept. Transactions do not
 nest, and a Tx belongs to the thread that began it.
 
-Implemented once in SQL (:mod:`gateway.state.sql`) for SQLite
-(:mod:`gateway.state.sqlite`) and PostgreSQL (:mod:`gateway.state.postgres`); open
-one with :func:`gateway.state.open.open_store`.
+Implemented once in SQL (:mod:`capgate.gateway.state.sql`) for SQLite
+(:mod:`capgate.gateway.state.sqlite`) and PostgreSQL (:mod:`capgate.gateway.state.postgres`); open
+one with :func:`capgate.gateway.state.open.open_store`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from gateway.model.facts import ConnectionStatus
-from gateway.state.records import (
+from capgate.gateway.model.facts import ConnectionStatus
+from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
     EvidenceRecord,
@@ -206,7 +206,7 @@ class Tx(Protocol):
         it) and set the pin's status from it: ``accepted`` when it is the accepted
         definition, ``rejected`` when it is the rejected one, else ``changed`` (some
         definition was accepted before) or ``pending`` (never accepted). The digest is
-        the store's own (:func:`~gateway.state.records.definition_digest`)."""
+        the store's own (:func:`~capgate.gateway.state.records.definition_digest`)."""
 
     def get_pin(self, server: str, tool: str, *, for_update: bool = False) -> PinRecord | None: ...
 

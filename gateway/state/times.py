@@ -14,8 +14,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
 
-from gateway.errors import InvalidInput, quote
-from gateway.state.errors import StoreError
+from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.state.errors import StoreError
 
 __all__ = ["Clock", "from_text", "read_clock", "system_clock", "to_text"]
 

@@ -12,7 +12,7 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 ``answer``
     What OPA (or whatever answers at its address) sends back: a status, an HTTP
     version, content type and encoding, and body bytes, through
-    ``gateway.opa.client._parse_answer`` and on to a decision: the pinned revision
+    ``capgate.gateway.opa.client._parse_answer`` and on to a decision: the pinned revision
     check, ``_validate`` into ``ComposeDecision`` or ``ExecuteDecision`` and the
     catalogue digest check (``PolicyClient._check_catalogue``). Each must return or
     raise ``PolicyUnavailable`` with a message of at most :data:`MESSAGE_CAP`
@@ -22,7 +22,7 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 ``canonical``
     Any Python value (plain JSON, or anything else a caller could pass: tuples, sets,
     bytes, non-string keys, subclasses, NaN, huge integers, lone surrogates, deep or
-    self-containing nesting) through ``gateway.digest.plain_json`` and
+    self-containing nesting) through ``capgate.gateway.digest.plain_json`` and
     ``canonical_json``, and ``plain_params`` for mappings. Each must return or raise
     ``InvalidInput`` (short message), and the two must agree on what is JSON: a copy
     that ``plain_json`` returns serialises without a refusal. Canonical output must
@@ -42,7 +42,7 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 The inputs are *structured*: the first bytes choose what to build (a well-formed
 answer with one part swapped, a duplicated or escaped key, a NaN, deep nesting, cut
 or garbled bytes, or plain raw bytes), so a short run reaches the deep checks
-without a seed corpus. The targets use private names of ``gateway.opa.client``
+without a seed corpus. The targets use private names of ``capgate.gateway.opa.client``
 (``_Head``, ``_parse_answer``, ``_validate``, ``_check_revision``,
 ``_check_catalogue``): they are the parser, and they are what to adapt if it moves.
 """
@@ -62,10 +62,10 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, not an install
 
 with atheris.instrument_imports(include=["gateway"]):
-    from gateway.digest import canonical_json, plain_json, plain_params
-    from gateway.errors import InvalidInput, PolicyUnavailable
-    from gateway.model.decisions import ComposeDecision, ExecuteDecision
-    from gateway.opa.client import (
+    from capgate.gateway.digest import canonical_json, plain_json, plain_params
+    from capgate.gateway.errors import InvalidInput, PolicyUnavailable
+    from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
+    from capgate.gateway.opa.client import (
         CATALOGUE_DIGEST_PATH,
         COMPOSE_PATH,
         EXECUTE_PATH,
@@ -74,7 +74,7 @@ with atheris.instrument_imports(include=["gateway"]):
         _parse_answer,
         _validate,
     )
-    from gateway.service.credentials import VARIABLE_PREFIX, EnvironmentCredentials
+    from capgate.gateway.service.credentials import VARIABLE_PREFIX, EnvironmentCredentials
 
 #: The longest message a capgate error may carry (docs/security.md).
 MESSAGE_CAP: Final = 1_000

@@ -40,19 +40,25 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from adapters.in_process import InProcessTools, current_call
-from gateway.dispatch.dispatcher import DecisionEvent
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import CallContext
-from gateway.model.contracts import Catalogue, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
-from gateway.model.facts import Approval, ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
-from gateway.model.outcomes import ToolRefused, ToolRetryable
-from gateway.opa.client import PolicyClient
-from gateway.service.credentials import EnvironmentCredentials
-from gateway.service.gateway import Gateway
-from gateway.state import open_store
-from gateway.state.records import LedgerRow
+from capgate.adapters.in_process import InProcessTools, current_call
+from capgate.gateway.dispatch.dispatcher import DecisionEvent
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import CallContext
+from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
+from capgate.gateway.model.facts import (
+    Approval,
+    ComposeInput,
+    ConnectionStatus,
+    ExecuteInput,
+    ReviewInput,
+)
+from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.service.credentials import EnvironmentCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import LedgerRow
 from tests.fuzz.runs import RESULTS, examples
 
 __all__ = [
@@ -81,7 +87,7 @@ __all__ = [
 ]
 
 #: The longest exception message capgate may produce (docs/security.md): every
-#: caller-supplied value is quoted through ``gateway.errors.quote`` (80 characters
+#: caller-supplied value is quoted through ``capgate.gateway.errors.quote`` (80 characters
 #: and its length) and composite messages are cut, so a few hundred characters is
 #: usual; 1,000 is the promise.
 MESSAGE_CAP: Final = 1_000

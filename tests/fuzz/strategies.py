@@ -18,8 +18,8 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from gateway.digest import MAX_PARAMS_BYTES
-from gateway.model.contracts import ToolContract
+from capgate.gateway.digest import MAX_PARAMS_BYTES
+from capgate.gateway.model.contracts import ToolContract
 from tests.fuzz.harness import secret_emails, secret_names, secret_texts
 
 __all__ = [

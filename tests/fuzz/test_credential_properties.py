@@ -36,8 +36,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import CredentialUnavailable, InvalidInput
-from gateway.service.credentials import (
+from capgate.gateway.errors import CredentialUnavailable, InvalidInput
+from capgate.gateway.service.credentials import (
     VARIABLE_PREFIX,
     EnvironmentCredentials,
     NoCredentials,

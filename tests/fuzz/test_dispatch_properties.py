@@ -11,7 +11,7 @@ drew, must keep the promises of ``docs/security.md``:
 
 1. **Only capgate's errors.** Nothing comes back but an ``Outcome`` (from a session,
    a result dict, or a proposal dict for a tool that needs review) or a
-   :class:`gateway.errors.CapgateError`.
+   :class:`capgate.gateway.errors.CapgateError`.
 2. **No tool without an allow.** A tool body is entered only when OPA's answer to
    that very call was an allow (both the answer the real policy client returned and
    the dispatcher's own ``DecisionEvent`` say so), at most once, with exactly the
@@ -77,10 +77,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.digest import canonical_json, digest_of, params_digest
-from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import (
+from capgate.gateway.digest import canonical_json, digest_of, params_digest
+from capgate.gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     CredentialUnavailable,
@@ -88,14 +88,14 @@ from gateway.errors import (
     ObligationUnsupported,
     ToolFailed,
 )
-from gateway.model.contracts import ApprovalKind, Catalogue, Idempotency, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision
-from gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, Stage
-from gateway.model.outcomes import Outcome
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.agent import AgentSession
-from gateway.service.requests import AgentRequest
-from gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
+from capgate.gateway.model.contracts import ApprovalKind, Catalogue, Idempotency, ToolContract
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
+from capgate.gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, Stage
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
 from tests.fuzz.harness import (
     MESSAGE_CAP,
     TOOL_TEXT_CAP,

@@ -78,22 +78,22 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from capgate.cli import main as capgate_cli
-from gateway.digest import canonical_json, digest_of
-from gateway.dispatch.dispatcher import DecisionEvent
-from gateway.errors import (
+from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.dispatch.dispatcher import DecisionEvent
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     InvalidInput,
     OperationConflict,
 )
-from gateway.model.contracts import Catalogue, Idempotency
-from gateway.model.decisions import ExecuteDecision
-from gateway.model.facts import ExecuteInput, Principal, Stage
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.requests import AgentRequest
-from gateway.state.errors import UnknownConnection, UnknownProposal
-from gateway.state.records import (
+from capgate.gateway.model.contracts import Catalogue, Idempotency
+from capgate.gateway.model.decisions import ExecuteDecision
+from capgate.gateway.model.facts import ExecuteInput, Principal, Stage
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.errors import UnknownConnection, UnknownProposal
+from capgate.gateway.state.records import (
     BudgetState,
     LedgerRow,
     OperationStatus,
@@ -612,7 +612,7 @@ class LifeCycle:
         except Exception as exc:
             pytest.fail(
                 f"{self._where()} raised {type(exc).__name__}, which is outside "
-                "gateway.errors:\n" + "".join(traceback.format_exception(exc))
+                "capgate.gateway.errors:\n" + "".join(traceback.format_exception(exc))
             )
         entries = lab.provider.entered[mark.entries :]
         assert len(entries) <= 1, f"{self._where()}: the provider was entered {len(entries)} times"

@@ -16,7 +16,7 @@ over catalogues hypothesis makes up:
    connection revoked, disabled or gone sees a subset of what it saw.
 
 The catalogues are built as the loader builds them (:class:`Catalogue` models,
-cross-checked) and compiled by :func:`gateway.catalogue.compile_catalogue`; the
+cross-checked) and compiled by :func:`capgate.gateway.catalogue.compile_catalogue`; the
 facts are :class:`ComposeInput` and :class:`ExecuteInput` models. One OPA process
 (``opa run`` on 127.0.0.1, serving the bundle capgate writes) answers every example
 in one ``POST /v1/query``, which evaluates the real entrypoints
@@ -41,9 +41,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.digest import digest_of
-from gateway.model.contracts import (
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.digest import digest_of
+from capgate.gateway.model.contracts import (
     ApprovalKind,
     BudgetClassSpec,
     Catalogue,
@@ -54,8 +54,8 @@ from gateway.model.contracts import (
     TaskTypeSpec,
     ToolContract,
 )
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.bundle import write_bundle
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.bundle import write_bundle
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.fuzz.strategies import one_in

@@ -9,7 +9,7 @@ draws a contract with an output schema (objects, arrays, scalars, formats, ``con
 ``enum``, nested, on a reviewed tool or not: any the catalogue accepts) and, for it,
 an answer of every kind (a success whose result fits the schema or not, a refusal, a
 retryable or unknown outcome with its recovery and wait, a proposal, a denial,
-invalid input, the fixed failures of ``gateway.errors``, an unknown tool, an
+invalid input, the fixed failures of ``capgate.gateway.errors``, an unknown tool, an
 internal failure), each fitted both to the tool as ``tools/list`` shows it
 (:func:`capgate.serve.server.tool_view`) and to no tool (a name the caller may not
 see). Whatever it drew:
@@ -44,6 +44,24 @@ from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from capgate.demo import demo_catalogue_dir
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.digest import params_digest, plain_json
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    CredentialUnavailable,
+    InvalidInput,
+    OperationConflict,
+    PolicyUnavailable,
+    ToolNotRegistered,
+)
+from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.decisions import Reason
+from capgate.gateway.model.facts import Principal
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.model.schema import schema_validator
+from capgate.gateway.state.errors import StoreBusy, StoreError, UnknownTenant
+from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.serve.results import (
     OUTCOME_META_KEY,
     Answer,
@@ -55,24 +73,6 @@ from capgate.serve.results import (
     unknown_tool_answer,
 )
 from capgate.serve.server import tool_view
-from gateway.catalogue import load_catalogue
-from gateway.digest import params_digest, plain_json
-from gateway.errors import (
-    CapabilityViolation,
-    CapgateError,
-    CredentialUnavailable,
-    InvalidInput,
-    OperationConflict,
-    PolicyUnavailable,
-    ToolNotRegistered,
-)
-from gateway.model.contracts import ToolContract
-from gateway.model.decisions import Reason
-from gateway.model.facts import Principal
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.model.schema import schema_validator
-from gateway.state.errors import StoreBusy, StoreError, UnknownTenant
-from gateway.state.records import ProposalRecord, ProposalStatus
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.fuzz.strategies import json_values, names, valid_value

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.catalogue import load_catalogue
-from gateway.model.contracts import Catalogue
-from gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.sidecar import PolicySidecar
 from tests.integration.lifecycle_support import write_lifecycle_catalogue
 
 

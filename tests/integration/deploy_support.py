@@ -2,7 +2,7 @@
 
 - :class:`BundleServer`: a static HTTP server on 127.0.0.1 (Python's http.server in a
   thread) serving one folder, the way any bundle server or CDN would;
-- :func:`sidecar_opa`: an OPA sidecar started with :func:`gateway.opa.deploy.opa_run_args`
+- :func:`sidecar_opa`: an OPA sidecar started with :func:`capgate.gateway.opa.deploy.opa_run_args`
   (token authentication, ``system.authz``, the deployment's config), on a free
   127.0.0.1 port, with an empty environment;
 - :func:`new_deployment`: ``capgate deploy init`` for a test, polling every 1-2 s.
@@ -32,8 +32,7 @@ from typing import Any
 
 import pytest
 
-from adapters.in_process import InProcessTools
-from gateway import (
+from capgate import (
     AgentRequest,
     ConnectionStatus,
     DecisionEvent,
@@ -42,11 +41,12 @@ from gateway import (
     Store,
     ToolRegistry,
 )
-from gateway.model.contracts import Catalogue
-from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import Deployment, SignedBundle, init_deployment, opa_run_args
-from gateway.opa.deploy import write_signed_bundle as _write_signed_bundle
-from gateway.opa.sidecar import read_token_file
+from capgate.adapters.in_process import InProcessTools
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.deploy import Deployment, SignedBundle, init_deployment, opa_run_args
+from capgate.gateway.opa.deploy import write_signed_bundle as _write_signed_bundle
+from capgate.gateway.opa.sidecar import read_token_file
 from tests.integration.opa_servers import free_port
 
 #: Where the bundle server serves the bundle, under its root.

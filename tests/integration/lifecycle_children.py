@@ -3,8 +3,8 @@
 Kept apart from the test modules so a spawned child imports only this, capgate and
 :mod:`tests.integration.lifecycle_support`, never pytest's fixtures. Each child is
 a whole gateway of its own: it opens the store by URL, starts its own embedded OPA
-(:class:`~gateway.opa.sidecar.PolicySidecar`, from its main thread) and builds a
-:class:`~gateway.service.gateway.Gateway`; the only things it shares with its
+(:class:`~capgate.gateway.opa.sidecar.PolicySidecar`, from its main thread) and builds a
+:class:`~capgate.gateway.service.gateway.Gateway`; the only things it shares with its
 siblings and the test are the store and the provider's file.
 
 - :func:`call_race` runs ``threads`` calls of ``meter.tick`` at once in one gateway
@@ -29,12 +29,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.catalogue import load_catalogue
-from gateway.errors import CapabilityViolation
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.gateway import Gateway
-from gateway.state import open_store
-from gateway.state.records import OperationRecord
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import OperationRecord
 from tests.integration.lifecycle_support import (
     METER_TASK,
     SALES,

@@ -2,7 +2,7 @@
 
 - **The sales world**: the tenant ``acme`` (:func:`seed`: its four connections, a
   budget), its agents and reviewers, tasks and parameters, and :func:`make_gateway`:
-  a :class:`~gateway.service.gateway.Gateway` over a real store (SQLite or
+  a :class:`~capgate.gateway.service.gateway.Gateway` over a real store (SQLite or
   PostgreSQL) asking a real OPA, with the secrets of :data:`SECRETS` behind the
   connections. The test modules give it the demo's
   :class:`~capgate.demo.tools.sales_desk.SalesDesk` as providers, or a
@@ -43,22 +43,22 @@ import psycopg
 import pytest
 import yaml
 
-from adapters.in_process import InProcessTools, current_call
+from capgate.adapters.in_process import InProcessTools, current_call
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ConnectionStatus, Principal
-from gateway.model.outcomes import ToolUnknown
-from gateway.opa.client import PolicyClient
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.credentials import CredentialResolver, StaticCredentials
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state import open_store
-from gateway.state.records import OperationRecord, ProposalRecord
-from gateway.state.store import Store
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import Adapter
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.outcomes import ToolUnknown
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.credentials import CredentialResolver, StaticCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import OperationRecord, ProposalRecord
+from capgate.gateway.state.store import Store
 
 TENANT: Final = "acme"
 

@@ -8,7 +8,7 @@ there. ``mcp_upstream_server.py`` is the test's own server, whose tools a test c
 change while it runs.
 
 :class:`Harness` is one gateway over a catalogue written to tmp: a real OPA
-(:class:`gateway.PolicySidecar`), a SQLite store, :class:`adapters.mcp.tools.McpTools`
+(:class:`gateway.PolicySidecar`), a SQLite store, :class:`capgate.adapters.mcp.tools.McpTools`
 for the given servers (stdio, or streamable HTTP on 127.0.0.1) and, optionally,
 in-process tools. Every wait is bounded.
 """
@@ -30,11 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adapters.in_process import InProcessTools
-from adapters.mcp.config import ServerSpec
-from adapters.mcp.tools import McpTools
-from capgate.cli import main
-from gateway import (
+from capgate import (
     AgentRequest,
     Gateway,
     PolicySidecar,
@@ -43,8 +39,12 @@ from gateway import (
     load_catalogue,
     open_store,
 )
-from gateway.model.decisions import ComposeDecision
-from gateway.state.records import PinRecord
+from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.mcp.config import ServerSpec
+from capgate.adapters.mcp.tools import McpTools
+from capgate.cli import main
+from capgate.gateway.model.decisions import ComposeDecision
+from capgate.gateway.state.records import PinRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / ".tools" / "mcp-peers"

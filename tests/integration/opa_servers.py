@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.opa.binary import find_opa_binary
-from gateway.opa.client import PolicyClient
+from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.opa.client import PolicyClient
 
 STARTUP_SECONDS = 20.0
 

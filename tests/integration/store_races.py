@@ -13,9 +13,9 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from gateway.state import open_store
-from gateway.state.records import LedgerEntry
-from gateway.state.store import Tx
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import LedgerEntry
+from capgate.gateway.state.store import Tx
 
 DIGEST = "sha256:" + "ab" * 32
 

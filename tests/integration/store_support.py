@@ -16,15 +16,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from gateway.model.facts import Principal
-from gateway.state import open_store
-from gateway.state.records import (
+from capgate.gateway.model.facts import Principal
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import (
     ProposalRecord,
     ProposalStatus,
     ReviewRecord,
     ReviewVerdict,
 )
-from gateway.state.store import Store
+from capgate.gateway.state.store import Store
 
 BACKENDS = ["sqlite", "postgresql"]
 DIGEST = "sha256:" + "ab" * 32

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from adapters.in_process import InProcessTools
-from gateway import AsyncGateway, CapabilityViolation, Gateway, OutcomeStatus
-from gateway.model.contracts import Catalogue
-from gateway.model.outcomes import Outcome
-from gateway.opa.sidecar import PolicySidecar
-from gateway.state import open_store
-from gateway.state.store import Store
+from capgate import AsyncGateway, CapabilityViolation, Gateway, OutcomeStatus
+from capgate.adapters.in_process import InProcessTools
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.state import open_store
+from capgate.gateway.state.store import Store
 from tests.integration.lifecycle_support import (
     FINANCE,
     QUOTE_TASK,

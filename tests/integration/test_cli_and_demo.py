@@ -11,9 +11,9 @@ import pytest
 from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.scenes import run_demo
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from tests.integration.opa_servers import external_opa, free_port
 
 pytestmark = pytest.mark.integration
@@ -187,7 +187,7 @@ def test_doctor_checks_an_external_opa_against_the_catalogue(tmp_path, capsys):
 def test_cli_eval_execute_allow_from_real_opa_passes_the_dispatchers_checks(tmp_path, capsys):
     from datetime import UTC, datetime, timedelta
 
-    from gateway.digest import params_digest
+    from capgate.gateway.digest import params_digest
 
     params = {
         "invoice_id": "inv-9",

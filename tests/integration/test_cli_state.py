@@ -25,17 +25,17 @@ from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.commands.common import STORE_ENV, redact_url
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import CapabilityViolation
-from gateway.model.contracts import Catalogue
-from gateway.model.outcomes import OutcomeStatus
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.credentials import StaticCredentials
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state import open_store
-from gateway.state.records import ProposalRecord, ProposalStatus
-from gateway.state.store import Store
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.outcomes import OutcomeStatus
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.credentials import StaticCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import ProposalRecord, ProposalStatus
+from capgate.gateway.state.store import Store
 
 pytestmark = pytest.mark.integration
 

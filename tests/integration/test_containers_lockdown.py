@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway import PolicySidecar
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput
-from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import SignedBundle, opa_run_args
+from capgate import PolicySidecar
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ComposeInput
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.deploy import SignedBundle, opa_run_args
 from tests.conftest import CONTAINER_MARK
 from tests.integration.containers_support import OpaContainer, opa_container
 from tests.integration.deploy_support import bundle_server, new_deployment, publish, wait_until

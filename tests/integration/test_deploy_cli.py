@@ -12,10 +12,10 @@ import pytest
 
 from capgate.cli import EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
-from gateway.opa.binary import find_opa_binary
-from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import Deployment, signing_algorithm
-from gateway.opa.sidecar import OPA_TOKEN_ENV, OPA_TOKEN_FILE_ENV, OPA_URL_ENV
+from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.deploy import Deployment, signing_algorithm
+from capgate.gateway.opa.sidecar import OPA_TOKEN_ENV, OPA_TOKEN_FILE_ENV, OPA_URL_ENV
 from tests.integration.deploy_support import bundle_server, sidecar_opa, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway import DecisionEvent, PolicySidecar
-from gateway.errors import CapabilityViolation
-from gateway.model.contracts import Catalogue
-from gateway.opa.deploy import BUNDLE_NAME
-from gateway.state import open_store
+from capgate import DecisionEvent, PolicySidecar
+from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.deploy import BUNDLE_NAME
+from capgate.gateway.state import open_store
 from tests.integration.deploy_support import (
     agent_request,
     bundle_server,

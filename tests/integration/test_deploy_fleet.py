@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway import DecisionEvent, Gateway, PolicySidecar
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.opa.deploy import Deployment, SignedBundle
-from gateway.opa.policies import default_policies_dir
-from gateway.state import Store, open_store
+from capgate import DecisionEvent, Gateway, PolicySidecar
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.deploy import Deployment, SignedBundle
+from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.state import Store, open_store
 from tests.integration.deploy_support import (
     BundleServer,
     agent_request,

@@ -18,8 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from adapters.in_process import InProcessTools
-from gateway import (
+from capgate import (
     AgentRequest,
     AgentSession,
     ConnectionStatus,
@@ -29,11 +28,12 @@ from gateway import (
     ToolRegistry,
     open_store,
 )
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import BUNDLE_NAME, Deployment, SignedBundle
-from gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, OPA_URL_ENV
+from capgate.adapters.in_process import InProcessTools
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.deploy import BUNDLE_NAME, Deployment, SignedBundle
+from capgate.gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, OPA_URL_ENV
 from tests.integration.deploy_support import (
     BundleServer,
     Sidecar,

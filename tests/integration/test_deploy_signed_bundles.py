@@ -19,21 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from gateway import Dispatcher, PolicySidecar, ToolRegistry
-from gateway.errors import PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput
-from gateway.opa.client import PolicyClient
-from gateway.opa.deploy import (
+from capgate import Dispatcher, PolicySidecar, ToolRegistry
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ComposeInput
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.deploy import (
     BUNDLE_NAME,
     Deployment,
     SignedBundle,
     generate_signing_key,
     write_signed_bundle,
 )
-from gateway.opa.policies import default_policies_dir
-from gateway.opa.sidecar import OPA_STARTUP_TIMEOUT_ENV, OPA_TOKEN_ENV, OPA_URL_ENV
-from gateway.state import open_store
+from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.opa.sidecar import OPA_STARTUP_TIMEOUT_ENV, OPA_TOKEN_ENV, OPA_URL_ENV
+from capgate.gateway.state import open_store
 from tests.integration.deploy_support import (
     BundleServer,
     Sidecar,

@@ -27,9 +27,9 @@ from capgate.cli import main
 from capgate.commands.common import EXIT_ERROR, EXIT_OK
 from capgate.commands.diff import EXIT_WIDENED, Side, eval_seconds
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
-from gateway.opa.binary import OPA_BIN_ENV, find_opa_binary
-from gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.opa.binary import OPA_BIN_ENV, find_opa_binary
+from capgate.gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -111,23 +111,23 @@ import jsonschema
 import pytest
 import yaml
 
-import gateway
+import capgate
 from capgate.cli import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
+from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
+from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from capgate.serve import command as serve_command
 from capgate.serve.config import parse_config
 from capgate.serve.http import MCP_PATH, parse_listen_address
 from capgate.serve.results import error_answer, tool_result, unknown_tool_answer
 from capgate.serve.server import tool_view
-from gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
-from gateway.model.contracts import Catalogue, ToolContract
-from gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from tests.integration.opa_servers import wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -276,9 +276,9 @@ def test_mermaid_block_is_a_diagram_of_real_names(block: Block):
     assert lines, f"{block}: empty diagram"
     assert lines[0].split()[0] in _DIAGRAMS, f"{block}: no diagram keyword"
     for cls, method in re.findall(r"\b([A-Z][A-Za-z]+)\.([a-z_]+)\b", block.text):
-        assert hasattr(getattr(gateway, cls, None), method), f"{block}: {cls}.{method}"
+        assert hasattr(getattr(capgate, cls, None), method), f"{block}: {cls}.{method}"
     for name in re.findall(r"\b[A-Z][a-z]+(?:[A-Z][a-z]*)+\b", block.text):
-        assert name in gateway.__all__, f"{block}: {name} is not in gateway's public surface"
+        assert name in capgate.__all__, f"{block}: {name} is not in capgate's public surface"
 
 
 # ------------------------------------------------------------ the docs catalogue

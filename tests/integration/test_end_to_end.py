@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.digest import params_digest
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Secret
-from gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import (
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import Secret
+from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import (
     Approval,
     Budget,
     ComposeInput,
@@ -41,15 +41,15 @@ from gateway.model.facts import (
     ProposalRef,
     Stage,
 )
-from gateway.model.outcomes import OutcomeStatus
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.agent import AgentSession
-from gateway.service.credentials import StaticCredentials
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state import open_store
-from gateway.state.records import ProposalRecord, ProposalStatus
-from gateway.state.store import Store
+from capgate.gateway.model.outcomes import OutcomeStatus
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.credentials import StaticCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import ProposalRecord, ProposalStatus
+from capgate.gateway.state.store import Store
 
 pytestmark = pytest.mark.integration
 

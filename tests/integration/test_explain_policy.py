@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput, ExecuteInput
-from gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.opa.sidecar import PolicySidecar
 
 pytestmark = pytest.mark.integration
 

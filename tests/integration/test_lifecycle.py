@@ -29,34 +29,34 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from adapters.in_process import InProcessTools, current_call
+from capgate.adapters.in_process import InProcessTools, current_call
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.catalogue import load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.transport import Secret
-from gateway.errors import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.transport import Secret
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     InvalidInput,
     OperationConflict,
     ToolFailed,
 )
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ConnectionStatus, Principal
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.agent import AgentSession
-from gateway.service.credentials import StaticCredentials
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state.errors import UnknownConnection, UnknownProposal, UnknownTenant
-from gateway.state.records import (
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.credentials import StaticCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.errors import UnknownConnection, UnknownProposal, UnknownTenant
+from capgate.gateway.state.records import (
     OperationStatus,
     ProposalRecord,
     ProposalStatus,
     ReviewVerdict,
 )
-from gateway.state.store import Store
+from capgate.gateway.state.store import Store
 from tests.integration import lifecycle_support as lifecycle_fixtures
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures

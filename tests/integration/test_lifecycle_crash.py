@@ -42,14 +42,14 @@ from typing import Any
 import pytest
 
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.model.contracts import Catalogue
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.agent import AgentSession
-from gateway.service.gateway import Gateway
-from gateway.state import open_store
-from gateway.state.records import OperationStatus, ProposalRecord, ProposalStatus
-from gateway.state.store import Store
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import OperationStatus, ProposalRecord, ProposalStatus
+from capgate.gateway.state.store import Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
 from tests.integration.lifecycle_children import CRASH_STEPS, METER_REQUEST

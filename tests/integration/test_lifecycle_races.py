@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from gateway.model.contracts import Catalogue
-from gateway.model.outcomes import Outcome
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.gateway import Gateway
-from gateway.state import open_store
-from gateway.state.records import OperationStatus
-from gateway.state.store import Store
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import OperationStatus
+from capgate.gateway.state.store import Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
 from tests.integration.lifecycle_children import Result, call_race, race_child

@@ -26,15 +26,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.errors import CapabilityViolation, InvalidInput
-from gateway.model.contracts import Catalogue
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.service.agent import AgentSession
-from gateway.service.gateway import Gateway
-from gateway.state import UnknownOperation
-from gateway.state.records import OperationStatus
-from gateway.state.store import Store
-from gateway.state.times import to_text
+from capgate.gateway.errors import CapabilityViolation, InvalidInput
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import UnknownOperation
+from capgate.gateway.state.records import OperationStatus
+from capgate.gateway.state.store import Store
+from capgate.gateway.state.times import to_text
 from tests.integration import lifecycle_support as lifecycle_fixtures
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures

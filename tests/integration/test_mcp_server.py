@@ -27,14 +27,14 @@ import yaml
 from mcp.shared.exceptions import MCPError
 
 from capgate.cli import main
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.opa.bundle import write_bundle
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import LedgerEntry
 from capgate.serve.config import Binding, ConfigError, parse_config, token_digest
-from gateway.catalogue import load_catalogue
-from gateway.dispatch.registry import ToolRegistry
-from gateway.opa.bundle import write_bundle
-from gateway.opa.sidecar import PolicySidecar
-from gateway.service.gateway import Gateway
-from gateway.state import open_store
-from gateway.state.records import LedgerEntry
 from tests.integration.mcp_server_support import (
     CAPGATE,
     FINANCE_BOT,

@@ -30,7 +30,7 @@ from typing import Any, Final
 import pytest
 from jsonschema import Draft202012Validator
 
-from gateway.catalogue import load_catalogue
+from capgate.gateway.catalogue import load_catalogue
 from tests.integration.mcp_server_support import (
     RETRY_AFTER_SECONDS,
     ROOT,

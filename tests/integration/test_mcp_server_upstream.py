@@ -24,8 +24,8 @@ import yaml
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from adapters.in_process import InProcessTools
-from gateway import open_store
+from capgate import open_store
+from capgate.adapters.in_process import InProcessTools
 from tests.integration.mcp_upstream_support import (
     SERVER_SCRIPT,
     contract,

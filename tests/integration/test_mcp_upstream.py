@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from adapters.mcp.config import ServerSpec
-from gateway import CapabilityViolation
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.state.records import PinStatus
+from capgate import CapabilityViolation
+from capgate.adapters.mcp.config import ServerSpec
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import (
     EVERYTHING,
     FILESYSTEM,

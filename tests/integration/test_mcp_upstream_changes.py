@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from gateway import CapabilityViolation
-from gateway.dispatch.transport import CallContext
-from gateway.model.outcomes import Outcome, ToolRetryable
-from gateway.state.records import PinStatus
+from capgate import CapabilityViolation
+from capgate.gateway.dispatch.transport import CallContext
+from capgate.gateway.model.outcomes import Outcome, ToolRetryable
+from capgate.gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import (
     Harness,
     contract,

@@ -17,16 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from adapters.mcp.config import ServerSpec, servers_from_env
-from adapters.mcp.pins import accept_definition
+from capgate import (
+    AgentRequest,
+    AgentSession,
+    Gateway,
+    PolicySidecar,
+    ToolRegistry,
+    open_store,
+)
+from capgate.adapters.mcp.config import ServerSpec, servers_from_env
+from capgate.adapters.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.oracle_server import ORACLE_SERVER_ID, oracle_server_spec
 from capgate.demo.scenes import run_oracle_grove
 from capgate.demo.tools.oracle import oracle
-from gateway import AgentRequest, AgentSession, Gateway, PolicySidecar, ToolRegistry, open_store
-from gateway.catalogue import load_catalogue
-from gateway.model.contracts import Catalogue, UpstreamRef
-from gateway.state.records import PinStatus
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.model.contracts import Catalogue, UpstreamRef
+from capgate.gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -69,7 +76,7 @@ def test_mcp_oracle_is_the_gates_shorthand_for_the_oracle_server():
 
 @pytest.mark.parametrize("transport", ["stdio", "streamable-http"])
 def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, transport: str):
-    from adapters.mcp.tools import McpTools
+    from capgate.adapters.mcp.tools import McpTools
 
     catalogue = _oracle_over_mcp(load_catalogue(demo_catalogue_dir("oracle-grove")))
     process = None
@@ -118,7 +125,7 @@ def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, tran
 
 
 def _listing(tools: object) -> bool:
-    from adapters.mcp.config import UpstreamUnavailable
+    from capgate.adapters.mcp.config import UpstreamUnavailable
 
     try:
         tools.discover()  # type: ignore[attr-defined]

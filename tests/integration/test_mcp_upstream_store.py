@@ -2,7 +2,7 @@
 
 A pin is what a server shows of one tool, the definition a person accepted (and as
 which catalogue tool) and the one they rejected. These tests hold both backends to
-the status rules of :meth:`gateway.state.store.Tx.observe_pin` (accepted only while
+the status rules of :meth:`capgate.gateway.state.store.Tx.observe_pin` (accepted only while
 the server shows exactly the accepted definition), to acceptance and rejection of
 exactly the reviewed definition (``PinStale`` otherwise), to the digest being the
 store's own, and to schema version 3 being a real migration from version 2.
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidInput
-from gateway.state import SCHEMA_VERSION, PinStale, StoreError, UnknownPin, open_store
-from gateway.state.migrations import MIGRATIONS
-from gateway.state.open import backend_for
-from gateway.state.records import PinStatus, definition_digest
-from gateway.state.sql import MAX_DEFINITION_BYTES, SqlStore
-from gateway.state.store import Store
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.state import SCHEMA_VERSION, PinStale, StoreError, UnknownPin, open_store
+from capgate.gateway.state.migrations import MIGRATIONS
+from capgate.gateway.state.open import backend_for
+from capgate.gateway.state.records import PinStatus, definition_digest
+from capgate.gateway.state.sql import MAX_DEFINITION_BYTES, SqlStore
+from capgate.gateway.state.store import Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_support import FakeClock, raw_query, raw_sql, raw_tables

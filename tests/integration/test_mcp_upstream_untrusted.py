@@ -21,11 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adapters.mcp.pins import accept_definition
-from adapters.mcp.tools import McpTools
-from capgate.demo import demo_catalogue_dir
-from capgate.demo.tools.sales_desk import SalesDesk
-from gateway import (
+from capgate import (
     AgentRequest,
     AgentSession,
     CapabilityViolation,
@@ -36,8 +32,12 @@ from gateway import (
     load_catalogue,
     open_store,
 )
-from gateway.model.facts import ConnectionStatus
-from gateway.opa.bundle import write_bundle
+from capgate.adapters.mcp.pins import accept_definition
+from capgate.adapters.mcp.tools import McpTools
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.sales_desk import SalesDesk
+from capgate.gateway.model.facts import ConnectionStatus
+from capgate.gateway.opa.bundle import write_bundle
 from tests.integration.mcp_upstream_support import own_server, upstream_tool, write_spec
 from tests.integration.opa_servers import external_opa
 

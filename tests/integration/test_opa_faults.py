@@ -28,19 +28,19 @@ from typing import Any
 import pytest
 import yaml
 
-from adapters.in_process import InProcessTools
+from capgate.adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import CapabilityViolation, PolicyUnavailable
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import Approval, Budget, ComposeInput, ProposalRef, Stage
-from gateway.opa.binary import find_opa_binary
-from gateway.opa.bundle import bundle_revision, write_bundle
-from gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
-from gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import CapabilityViolation, PolicyUnavailable
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import Approval, Budget, ComposeInput, ProposalRef, Stage
+from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.opa.bundle import bundle_revision, write_bundle
+from capgate.gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
+from capgate.gateway.opa.sidecar import PolicySidecar
 from tests.integration.opa_servers import Server, external_opa, free_port, wait_healthy
 
 pytestmark = pytest.mark.integration

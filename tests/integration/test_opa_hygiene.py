@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from gateway.opa.client import PolicyClient
-from gateway.opa.policies import locate_policies
-from gateway.opa.process import EmbeddedOPA
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.policies import locate_policies
+from capgate.gateway.opa.process import EmbeddedOPA
 from tests.integration.test_opa_process import (
     CTRL_C_AS_AT_A_TERMINAL,
     is_alive,
@@ -165,7 +165,7 @@ def test_env_cannot_move_opas_folders_or_be_malformed(bundle: Path, env: dict[st
 def test_the_sidecars_opa_sees_only_the_minimal_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sales_catalogue: Any
 ) -> None:
-    from gateway.opa.sidecar import PolicySidecar
+    from capgate.gateway.opa.sidecar import PolicySidecar
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
@@ -248,13 +248,13 @@ OWNER = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     what, then = sys.argv[1], sys.argv[2]
     if what == "sidecar":
         from capgate.demo import demo_catalogue_dir
-        from gateway.catalogue import load_catalogue
-        from gateway.opa.sidecar import PolicySidecar
+        from capgate.gateway.catalogue import load_catalogue
+        from capgate.gateway.opa.sidecar import PolicySidecar
 
         owner = PolicySidecar(load_catalogue(demo_catalogue_dir("sales")), timeout=5.0)
         opa, finish = owner.process, owner.close
     else:
-        from gateway.opa.process import EmbeddedOPA
+        from capgate.gateway.opa.process import EmbeddedOPA
 
         opa = EmbeddedOPA(Path(sys.argv[3])).start()
         finish = opa.stop
@@ -370,8 +370,8 @@ STARTING = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     import sys
     from pathlib import Path
     from capgate.demo import demo_catalogue_dir
-    from gateway.catalogue import load_catalogue
-    from gateway.opa.sidecar import PolicySidecar
+    from capgate.gateway.catalogue import load_catalogue
+    from capgate.gateway.opa.sidecar import PolicySidecar
 
     PolicySidecar(load_catalogue(demo_catalogue_dir("sales")), opa_binary=Path(sys.argv[1]))
     """)
@@ -414,12 +414,12 @@ DISK_FULL = textwrap.dedent("""\
     import json, os, resource, signal, sys
     from pathlib import Path
 
-    from adapters.in_process import InProcessTools
+    from capgate.adapters.in_process import InProcessTools
     from capgate.demo import demo_catalogue_dir
-    from gateway import AgentSession, ComposeInput, Dispatcher, ToolRegistry, load_catalogue
-    from gateway.errors import CapgateError, PolicyUnavailable
-    from gateway.opa.process import EmbeddedOPA
-    from gateway.opa.sidecar import PolicySidecar
+    from capgate import AgentSession, ComposeInput, Dispatcher, ToolRegistry, load_catalogue
+    from capgate.gateway.errors import CapgateError, PolicyUnavailable
+    from capgate.gateway.opa.process import EmbeddedOPA
+    from capgate.gateway.opa.sidecar import PolicySidecar
 
     what, limit, free = sys.argv[1], sys.argv[2], sys.argv[3]
     catalogue = load_catalogue(demo_catalogue_dir("sales"))

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import OPAProcessError, PolicyUnavailable
-from gateway.opa.client import PolicyClient
-from gateway.opa.process import EmbeddedOPA
+from capgate.gateway.errors import OPAProcessError, PolicyUnavailable
+from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.opa.process import EmbeddedOPA
 
 pytestmark = pytest.mark.integration
 
@@ -287,7 +287,7 @@ CTRL_C_AS_AT_A_TERMINAL = (
 CHILD = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from gateway.opa.process import EmbeddedOPA
+    from capgate.gateway.opa.process import EmbeddedOPA
 
     with EmbeddedOPA(Path(sys.argv[1])) as opa:
         print(opa.pid, opa.socket_path.parent, flush=True)

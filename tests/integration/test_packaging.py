@@ -113,9 +113,9 @@ def test_the_wheel_carries_every_module_the_policies_and_the_demo(wheel: Path):
 
 SERVICE = textwrap.dedent("""\
     import json
-    from adapters.in_process import InProcessTools
+    from capgate.adapters.in_process import InProcessTools
     from capgate.demo import demo_catalogue_dir
-    from gateway import (AgentRequest, ConnectionStatus, Gateway, PolicySidecar,
+    from capgate import (AgentRequest, ConnectionStatus, Gateway, PolicySidecar,
                          StaticCredentials, ToolRegistry, load_catalogue, open_store)
 
     catalogue = load_catalogue(demo_catalogue_dir("sales"))

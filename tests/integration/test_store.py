@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import CapgateError, InvalidInput
-from gateway.model.facts import ConnectionStatus
-from gateway.state import (
+from capgate.gateway.errors import CapgateError, InvalidInput
+from capgate.gateway.model.facts import ConnectionStatus
+from capgate.gateway.state import (
     GENESIS_HASH,
     SCHEMA_VERSION,
     BudgetNotReserved,
@@ -42,10 +42,10 @@ from gateway.state import (
     open_store,
     parse_store_url,
 )
-from gateway.state.ledger import row_hash
-from gateway.state.migrations import MIGRATIONS, Migration
-from gateway.state.open import backend_for
-from gateway.state.records import (
+from capgate.gateway.state.ledger import row_hash
+from capgate.gateway.state.migrations import MIGRATIONS, Migration
+from capgate.gateway.state.open import backend_for
+from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
     EvidenceRecord,
@@ -56,8 +56,8 @@ from gateway.state.records import (
     ReviewVerdict,
     TenantRecord,
 )
-from gateway.state.sql import SqlStore
-from gateway.state.store import Store
+from capgate.gateway.state.sql import SqlStore
+from capgate.gateway.state.store import Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_support import (
@@ -1110,7 +1110,7 @@ def test_a_long_ledger_is_verified_across_pages(store: Store, store_url: str):
 
 
 def test_store_error_codes_are_stable():
-    from gateway.state import errors
+    from capgate.gateway.state import errors
 
     codes = {
         name: getattr(errors, name).code
@@ -1145,7 +1145,7 @@ def test_messages_cut_long_caller_values(store: Store):
 
 
 def test_the_sqlite_busy_timeout_ends_in_store_busy(tmp_path: Path):
-    from gateway.state.sqlite import SqliteBackend
+    from capgate.gateway.state.sqlite import SqliteBackend
 
     url = f"sqlite://{tmp_path}/state.db"
     open_store(url).close()
@@ -1183,7 +1183,7 @@ def _in_thread(work: Any) -> tuple[threading.Thread, list[BaseException], list[A
 
 
 def test_writers_of_one_sqlite_store_queue_and_readers_do_not(tmp_path: Path):
-    from gateway.state.sqlite import SqliteBackend
+    from capgate.gateway.state.sqlite import SqliteBackend
 
     # Long enough that the writer queued below gets in once the holder commits, however
     # busy the machine; the writer that must give up waits all of it.
@@ -1248,7 +1248,7 @@ def test_a_writer_waits_once_for_this_process_and_sqlite_together(tmp_path: Path
     # Another process holds SQLite's writer lock. This process's first writer waits
     # for it inside SQLite; its second waits for the first at the gate, then in SQLite
     # for what is left: the busy timeout bounds its whole wait, not each of the two.
-    from gateway.state.sqlite import SqliteBackend
+    from capgate.gateway.state.sqlite import SqliteBackend
 
     url = f"sqlite://{tmp_path}/state.db"
     other_process = open_store(url)
@@ -1286,8 +1286,8 @@ def test_a_writer_waits_once_for_this_process_and_sqlite_together(tmp_path: Path
 
 
 def test_a_full_pool_ends_in_store_busy(postgres_url: str):
-    from gateway.state.open import parse_store_url
-    from gateway.state.postgres import PostgresBackend
+    from capgate.gateway.state.open import parse_store_url
+    from capgate.gateway.state.postgres import PostgresBackend
 
     address = parse_store_url(postgres_url)
     store = SqlStore(

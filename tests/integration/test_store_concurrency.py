@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gateway.state import open_store
-from gateway.state.store import SCHEMA_VERSION, Store, Tx
+from capgate.gateway.state import open_store
+from capgate.gateway.state.store import SCHEMA_VERSION, Store, Tx
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_races import attempt, run_races

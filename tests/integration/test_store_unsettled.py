@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from gateway.digest import canonical_json
-from gateway.state import SCHEMA_VERSION, open_store
-from gateway.state.migrations import MIGRATIONS
-from gateway.state.open import backend_for
-from gateway.state.records import OperationStatus
-from gateway.state.sql import SqlStore
-from gateway.state.store import Store
+from capgate.gateway.digest import canonical_json
+from capgate.gateway.state import SCHEMA_VERSION, open_store
+from capgate.gateway.state.migrations import MIGRATIONS
+from capgate.gateway.state.open import backend_for
+from capgate.gateway.state.records import OperationStatus
+from capgate.gateway.state.sql import SqlStore
+from capgate.gateway.state.store import Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_support import raw_sql

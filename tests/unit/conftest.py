@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.state.store import Store
+from capgate.gateway.state.store import Store
 from tests.unit.gateway_support import closing, open_seeded_store
 
 

@@ -11,15 +11,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import Adapter
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ConnectionStatus
-from gateway.service.credentials import StaticCredentials
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state import open_store
-from gateway.state.store import Store
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import Adapter
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ConnectionStatus
+from capgate.gateway.service.credentials import StaticCredentials
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state import open_store
+from capgate.gateway.state.store import Store
 
 TENANT: Final = "t"
 #: Every demo connection of the tenant, active, with a secret behind it.

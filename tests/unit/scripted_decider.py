@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.model.decisions import (
+from capgate.gateway.model.decisions import (
     ComposeDecision,
     ExecuteDecision,
     Obligation,
     Reason,
     ReviewDecision,
 )
-from gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput, Stage
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput, Stage
 
 #: Any well-formed digest; the dispatcher leaves checking it to the policy client.
 SOME_DIGEST = "sha256:" + "0" * 64

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.model.contracts import Catalogue
-from gateway.opa import bundle as bundle_module
-from gateway.opa import policies as policies_module
-from gateway.opa.bundle import bundle_revision, write_bundle
-from gateway.opa.policies import default_policies_dir, locate_policies
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa import bundle as bundle_module
+from capgate.gateway.opa import policies as policies_module
+from capgate.gateway.opa.bundle import bundle_revision, write_bundle
+from capgate.gateway.opa.policies import default_policies_dir, locate_policies
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def test_failed_swap_restores_the_earlier_bundle(
             raise OSError(5, "Input/output error")
         real_replace(src, dst)
 
-    monkeypatch.setattr("gateway.opa.bundle.os.replace", refuse_moving_in)
+    monkeypatch.setattr("capgate.gateway.opa.bundle.os.replace", refuse_moving_in)
     with pytest.raises(OSError, match="Input/output"):
         write_bundle(load_catalogue(demo_catalogue_dir("oracle-grove")), out_dir, policies)
     assert (out_dir / ".manifest").read_bytes() == manifest

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from capgate.gateway import catalogue as catalogue_module
 from capgate.demo import demo_catalogue_dir, demo_catalogue_names
-from gateway import catalogue as catalogue_module
-from gateway.catalogue import catalogue_digest, compile_catalogue, load_catalogue
-from gateway.errors import CatalogueError
-from gateway.model import contracts
-from gateway.model.contracts import (
+from capgate.gateway.catalogue import catalogue_digest, compile_catalogue, load_catalogue
+from capgate.gateway.errors import CatalogueError
+from capgate.gateway.model import contracts
+from capgate.gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
     CostClass,

@@ -20,8 +20,8 @@ import pytest
 
 from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import compile_catalogue, load_catalogue
-from gateway.model.decisions import ExecuteDecision
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.model.decisions import ExecuteDecision
 
 SALES = demo_catalogue_dir("sales")
 DIGEST: str = compile_catalogue(load_catalogue(SALES))["meta"]["digest"]
@@ -274,7 +274,7 @@ def test_a_compose_answer_the_dispatcher_refuses_exits_2(opa, capsys, case, as_j
 def test_the_cli_and_the_dispatcher_share_one_check():
     # Not a copy that could drift: both import the same functions.
     from capgate import cli
-    from gateway.dispatch import dispatcher, verify
+    from capgate.gateway.dispatch import dispatcher, verify
 
     assert cli.verify_execute is dispatcher.verify_execute is verify.verify_execute
     assert cli.verify_compose is dispatcher.verify_compose is verify.verify_compose

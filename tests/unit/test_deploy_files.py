@@ -15,9 +15,9 @@ import yaml
 
 from capgate.cli import EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
-from gateway.opa.bundle import bundle_revision, write_bundle
-from gateway.opa.deploy import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.opa.bundle import bundle_revision, write_bundle
+from capgate.gateway.opa.deploy import (
     BUNDLE_NAME,
     KEY_ID,
     SYSTEM_ROOTS,
@@ -28,8 +28,8 @@ from gateway.opa.deploy import (
     system_files,
     token_sha256,
 )
-from gateway.opa.policies import default_policies_dir
-from gateway.opa.sidecar import read_token_file
+from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.opa.sidecar import read_token_file
 
 POLICIES = default_policies_dir()
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.errors import PolicyUnavailable
-from gateway.opa.client import MAX_TOKEN_CHARS, PolicyClient, check_token
-from gateway.opa.sidecar import (
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.opa.client import MAX_TOKEN_CHARS, PolicyClient, check_token
+from capgate.gateway.opa.sidecar import (
     OPA_STARTUP_TIMEOUT_ENV,
     OPA_TOKEN_ENV,
     OPA_TOKEN_FILE_ENV,

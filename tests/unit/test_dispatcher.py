@@ -14,24 +14,31 @@ from typing import Any
 
 import pytest
 
-from adapters.in_process import InProcessTools
+from capgate.adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.catalogue import load_catalogue
-from gateway.digest import params_digest
-from gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import (
     CapabilityViolation,
     InvalidInput,
     ObligationUnsupported,
     PolicyUnavailable,
     ToolNotRegistered,
 )
-from gateway.model.contracts import Catalogue, Idempotency, Mode
-from gateway.model.decisions import ExecuteDecision, Obligation, Reason
-from gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, ProposalRef, Stage
-from gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable, ToolUnknown
+from capgate.gateway.model.contracts import Catalogue, Idempotency, Mode
+from capgate.gateway.model.decisions import ExecuteDecision, Obligation, Reason
+from capgate.gateway.model.facts import (
+    Approval,
+    Budget,
+    ComposeInput,
+    ExecuteInput,
+    ProposalRef,
+    Stage,
+)
+from capgate.gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable, ToolUnknown
 from tests.unit.scripted_decider import (
     ScriptedDecider,
     compose_decision,
@@ -640,7 +647,7 @@ def test_authorise_refuses_an_input_made_for_another_call(catalogue, desk, facts
 
 
 def test_run_hands_the_account_and_secret_to_the_adapter_only(catalogue, facts):
-    from gateway.dispatch.transport import Secret
+    from capgate.gateway.dispatch.transport import Secret
 
     recorder = Recorder("payment.execute", returns={"payment_id": "p-1", "status": "submitted"})
     events: list[DecisionEvent] = []

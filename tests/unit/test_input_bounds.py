@@ -2,7 +2,7 @@
 
 Whatever a caller (an agent loop feeding a model's output) passes to
 ``Dispatcher.call``, ``Dispatcher.compose``, ``AgentSession`` or the ``Gateway``, the
-answer is a capgate error from :mod:`gateway.errors` before OPA or the tool is
+answer is a capgate error from :mod:`capgate.gateway.errors` before OPA or the tool is
 touched, or an Outcome once the tool has run. Sessions and gateways run over a real
 SQLite store (the ``store`` fixture). Nesting is refused by an explicit, iterative check
 (never a ``RecursionError`` half-way through json, jsonschema or pydantic).
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from adapters.in_process import InProcessTools
+from capgate.adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
-from gateway.digest import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.digest import (
     MAX_DEPTH,
     MAX_OUTPUT_BYTES,
     MAX_PARAMS_BYTES,
@@ -29,17 +29,17 @@ from gateway.digest import (
     params_digest,
     plain_json,
 )
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.errors import InvalidInput, PolicyUnavailable, ToolFailed
-from gateway.model.contracts import Catalogue
-from gateway.model.decisions import Reason
-from gateway.model.facts import Approval, Budget, ComposeInput, Principal
-from gateway.model.outcomes import Outcome, OutcomeStatus
-from gateway.service.agent import AgentSession
-from gateway.service.gateway import Gateway
-from gateway.service.requests import AgentRequest
-from gateway.state.store import Store
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.errors import InvalidInput, PolicyUnavailable, ToolFailed
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import Reason
+from capgate.gateway.model.facts import Approval, Budget, ComposeInput, Principal
+from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.store import Store
 from tests.unit import gateway_support
 from tests.unit.scripted_decider import (
     ScriptedDecider,
@@ -600,7 +600,7 @@ def test_a_decider_answer_of_the_wrong_type_fails_closed(catalogue, answer):
 def test_many_small_numbers_under_the_size_limit_are_accepted():
     """The size limit counts what canonical JSON writes: 45,000 times ``0.0`` is about
     180 kB, far under 1 MiB, and must not be refused as too large."""
-    from gateway.digest import MAX_PARAMS_BYTES, plain_params
+    from capgate.gateway.digest import MAX_PARAMS_BYTES, plain_params
 
     params = {"values": [0.0] * 45_000, "flags": [None, True, False] * 10_000}
     copy, canonical = plain_params(params)

@@ -15,25 +15,25 @@ from typing import Any
 
 import pytest
 
-from adapters.mcp.config import (
+from capgate.adapters.mcp.config import (
     ServerSpec,
     UpstreamConfigError,
     parse_servers,
     servers_from_env,
 )
-from adapters.mcp.definitions import (
+from capgate.adapters.mcp.definitions import (
     annotation_hints,
     definition_diff,
     definition_digest,
     render_definition,
     tool_definition,
 )
-from adapters.mcp.pins import quarantine_reason
-from gateway.catalogue import compile_catalogue
-from gateway.errors import InvalidInput
-from gateway.model.contracts import Catalogue
-from gateway.model.facts import ComposeInput
-from gateway.state.records import PinRecord, PinStatus
+from capgate.adapters.mcp.pins import quarantine_reason
+from capgate.gateway.catalogue import compile_catalogue
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import ComposeInput
+from capgate.gateway.state.records import PinRecord, PinStatus
 
 ORACLE = ServerSpec("oracle", command=("python", "-m", "capgate.demo.oracle_server"))
 

@@ -2,10 +2,10 @@
 
 A subprocess makes ``mcp`` (and ``mcp_types``) unimportable with a meta-path finder
 that raises ImportError for them, then imports the core (``gateway``,
-``adapters.in_process``, ``capgate.cli``) and the MCP modules that need no SDK
+``capgate.adapters.in_process``, ``capgate.cli``) and the MCP modules that need no SDK
 (configuration, definitions, pins, the ``capgate mcp`` commands, the demo scenes
 and the oracle server's spec), checks none of them pulled ``mcp`` in, and that what
-does need it says how to install it: ``adapters.mcp.McpTools`` raises
+does need it says how to install it: ``capgate.adapters.mcp.McpTools`` raises
 ``McpUnavailable``, ``capgate mcp discover`` exits 2 with the install hint, the demo
 knows to skip its MCP scene, and ``capgate mcp pending`` works.
 """
@@ -37,15 +37,16 @@ _WITHOUT_MCP = textwrap.dedent(
     else:
         raise SystemExit("the finder did not block mcp")
 
-    import gateway, adapters, adapters.in_process, capgate.cli
-    import adapters.mcp, adapters.mcp.config, adapters.mcp.definitions, adapters.mcp.pins
+    import capgate, capgate.gateway, capgate.adapters, capgate.adapters.in_process, capgate.cli
+    import capgate.adapters.mcp, capgate.adapters.mcp.config, capgate.adapters.mcp.definitions
+    import capgate.adapters.mcp.pins
     import capgate.commands.mcp, capgate.demo.scenes, capgate.demo.oracle_server
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types"))
     assert loaded == [], loaded
 
     try:
-        adapters.mcp.McpTools
-    except adapters.mcp.McpUnavailable as exc:
+        capgate.adapters.mcp.McpTools
+    except capgate.adapters.mcp.McpUnavailable as exc:
         assert "pip install 'capgate[mcp]'" in str(exc), exc
     else:
         raise SystemExit("McpTools loaded without mcp")

@@ -2,7 +2,7 @@
 
 A megabyte-long tool name or connection alias must not come back as a
 megabyte-long message (into a log line, an agent transcript, the model's context).
-Every caller-supplied value a message quotes goes through ``gateway.errors.quote``.
+Every caller-supplied value a message quotes goes through ``capgate.gateway.errors.quote``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from adapters.in_process import InProcessTools
+from capgate.adapters.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
-from gateway.catalogue import load_catalogue
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry, require_catalogue_names
-from gateway.errors import (
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry, require_catalogue_names
+from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     InvalidInput,
@@ -25,12 +25,12 @@ from gateway.errors import (
     ToolNotRegistered,
     quote,
 )
-from gateway.model.contracts import Catalogue
-from gateway.model.decisions import Reason
-from gateway.model.facts import ComposeInput, Principal
-from gateway.service.agent import AgentSession
-from gateway.service.requests import AgentRequest
-from gateway.state import UnknownProposal
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import Reason
+from capgate.gateway.model.facts import ComposeInput, Principal
+from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state import UnknownProposal
 from tests.unit import gateway_support
 from tests.unit.scripted_decider import ScriptedDecider, compose_decision, execute_decision
 

@@ -14,16 +14,16 @@ import pytest
 
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from gateway.catalogue import load_catalogue
-from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.registry import ToolRegistry
-from gateway.dispatch.transport import CallContext, Secret
-from gateway.dispatch.verify import required_obligations, verify_execute
-from gateway.errors import ObligationUnsupported
-from gateway.model.contracts import Catalogue
-from gateway.model.decisions import Obligation
-from gateway.model.facts import ComposeInput, ExecuteInput, Stage
-from gateway.model.outcomes import OutcomeStatus
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.dispatch.dispatcher import Dispatcher
+from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.dispatch.transport import CallContext, Secret
+from capgate.gateway.dispatch.verify import required_obligations, verify_execute
+from capgate.gateway.errors import ObligationUnsupported
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import Obligation
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, Stage
+from capgate.gateway.model.outcomes import OutcomeStatus
 from tests.unit.scripted_decider import ScriptedDecider, execute_decision, key_obligation
 
 FACTS = ComposeInput.model_validate(

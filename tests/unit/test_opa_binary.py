@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import OPAProcessError
-from gateway.opa import binary as binary_module
-from gateway.opa import policies as policies_module
-from gateway.opa.binary import OPA_BIN_ENV, PINNED_VERSION, find_opa, find_opa_binary
+from capgate.gateway.errors import OPAProcessError
+from capgate.gateway.opa import binary as binary_module
+from capgate.gateway.opa import policies as policies_module
+from capgate.gateway.opa.binary import OPA_BIN_ENV, PINNED_VERSION, find_opa, find_opa_binary
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Compose's message templates: the code and docs/reason-codes.md say the same.
 
-``gateway.model.reasons.TEMPLATES`` renders the messages of compose's reason codes;
+``capgate.gateway.model.reasons.TEMPLATES`` renders the messages of compose's reason codes;
 the "Message templates" table of ``docs/reason-codes.md`` documents them. Both ways:
 every template is documented word for word, every documented one is in the code,
 and every compose code (the ``capgate.visibility`` METADATA) has one.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import PolicyUnavailable
-from gateway.model.decisions import ComposeDecision, ComposeExplanation
-from gateway.model.reasons import TEMPLATES, compose_reasons, render, with_reasons
+from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model.decisions import ComposeDecision, ComposeExplanation
+from capgate.gateway.model.reasons import TEMPLATES, compose_reasons, render, with_reasons
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reason-codes.md"

@@ -1,4 +1,4 @@
-"""gateway.opa.workdir: the per-user root, run folders, owner records and the sweep.
+"""capgate.gateway.opa.workdir: the per-user root, run folders, owner records and the sweep.
 
 Everything here runs against a short temp folder private to the test (``base``), so
 no test sees another test's folders or a real capgate process's. Integration tests
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import OPAProcessError
-from gateway.opa import workdir
-from gateway.opa.workdir import OwnerRecord, owner_alive, private_dir, sweep, user_root
+from capgate.gateway.errors import OPAProcessError
+from capgate.gateway.opa import workdir
+from capgate.gateway.opa.workdir import OwnerRecord, owner_alive, private_dir, sweep, user_root
 
 UID = os.geteuid()
 

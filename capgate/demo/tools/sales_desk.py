@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.in_process import InProcessTools, current_call
-from gateway.model.outcomes import ToolRefused, ToolUnknown
+from capgate.adapters.in_process import InProcessTools, current_call
+from capgate.gateway.model.outcomes import ToolRefused, ToolUnknown
 
 __all__ = ["SalesDesk"]
 
