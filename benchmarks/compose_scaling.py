@@ -66,20 +66,20 @@ from capgate import (
     StaticCredentials,
     open_store,
 )
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
 from capgate.gateway.model.facts import Budget, ComposeInput, ExecuteInput
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import write_bundle
-from capgate.gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
+from capgate.gateway.tools.registry import ToolRegistry
 
 SIZES = (10, 100, 1_000, 10_000)
 ROLES = ("sales", "support", "finance", "ops")

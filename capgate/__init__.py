@@ -13,19 +13,18 @@ Beneath it, :mod:`capgate.gateway` is the core (it imports nothing else of capga
 command line, the MCP server and the demo sit beside them (docs/architecture.md).
 """
 
-from capgate.adapters.in_process import InProcessTools
-from capgate.adapters.registry import tool_registry
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.gate import tool_registry
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.dispatcher import (
+from capgate.gateway.enforce.dispatcher import (
     Authorised,
     DecisionEvent,
     Dispatcher,
     PolicyDecider,
     Prepared,
 )
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import Adapter, CallContext, Secret, SupportsLookup
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -66,9 +65,8 @@ from capgate.gateway.model.outcomes import (
     ToolRetryable,
     ToolUnknown,
 )
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
-from capgate.gateway.service.agent import AgentSession
+from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.service.aio import AsyncGateway
 from capgate.gateway.service.credentials import (
     CredentialResolver,
@@ -84,6 +82,8 @@ from capgate.gateway.state.records import (
     ReviewRecord,
     ReviewVerdict,
 )
+from capgate.gateway.tools.contract import Adapter, CallContext, Secret, SupportsLookup
+from capgate.gateway.tools.registry import ToolRegistry
 from capgate.gateway.version import __version__
 
 __all__ = [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The policy author's loop: run the policy gate (scripts/policy-gate.sh, what
 # `make policy-test` and CI run) now and again on every save under policies/.
-# A thin wrapper over `capgate policy-test --watch` (capgate/commands/policy_test.py),
+# A thin wrapper over `capgate policy-test --watch` (capgate/cli/commands/policy_test.py),
 # which polls the folder's files, so nothing beyond the checkout's .venv is needed.
 #
 # usage: scripts/policy-watch.sh [--interval SECONDS] [--only STEP] [--runs N] [POLICIES_DIR]

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import TypedDict
 
-from capgate.adapters.mcp.config import LOOPBACK_HOSTS, ServerSpec
+from capgate.adapters.tools.mcp.config import LOOPBACK_HOSTS, ServerSpec
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 
 __all__ = ["ORACLE_SERVER_ID", "Omen", "main", "oracle_server_spec"]

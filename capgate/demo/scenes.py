@@ -14,7 +14,7 @@ oracle-grove runs twice: in-process, then with the oracle served by an MCP serve
 definition a reviewer accepts first. The second run must draw the byte-identical
 omen and record the same events (decisions, outcomes, ledger rows) as the first.
 The first run takes its registry from the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate
-(:func:`capgate.adapters.registry.tool_registry`): with either set, it runs the oracle tool of
+(:func:`capgate.adapters.tools.gate.tool_registry`): with either set, it runs the oracle tool of
 the gate's servers instead of the in-process one, the catalogue leaving it unplaced.
 """
 
@@ -30,30 +30,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from capgate.adapters.in_process import InProcessTools
-from capgate.adapters.mcp.config import MCP_ORACLE_ENV, MCP_SERVERS_ENV, servers_from_env
-from capgate.adapters.mcp.pins import accept_definition
-from capgate.adapters.registry import tool_registry
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.gate import tool_registry
+from capgate.adapters.tools.in_process import InProcessTools
+from capgate.adapters.tools.mcp.config import MCP_ORACLE_ENV, MCP_SERVERS_ENV, servers_from_env
+from capgate.adapters.tools.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.oracle_server import oracle_server_spec
 from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.dispatcher import DecisionEvent
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.model.facts import ConnectionStatus, Principal
 from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.credentials import StaticCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.registry import ToolRegistry
 
 __all__ = ["OracleRun", "mcp_installed", "run_demo", "run_oracle_grove"]
 

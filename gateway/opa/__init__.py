@@ -1,9 +1,9 @@
-"""The OPA side: find the binary, write bundles, run OPA, ask it for decisions.
+"""Running and packaging OPA: find the binary, write bundles, run OPA, deploy it.
 
 ``binary`` finds and version-checks OPA; ``policies`` locates the Rego shipped with
 capgate; ``bundle`` writes policies plus compiled catalogue; ``process`` runs a
-private OPA; ``client`` asks for decisions and fails closed, over ``transport``
-(HTTP/1.1 from the standard library, held to one deadline); ``sidecar`` picks an
-external or embedded OPA and checks it serves our catalogue; ``deploy`` makes what a
-deployed, locked-down sidecar needs (token, signing keys, OPA config, signed bundle).
+private OPA; ``workdir`` keeps its folders private; ``sidecar`` picks an external or
+embedded OPA, checks it serves our catalogue and hands out the policy client
+(:mod:`capgate.gateway.policy`); ``deploy`` makes what a deployed, locked-down sidecar
+needs (token, signing keys, OPA config, signed bundle).
 """

@@ -57,8 +57,8 @@ from capgate.gateway.errors import OPAProcessError
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.binary import find_opa
 from capgate.gateway.opa.bundle import write_bundle
-from capgate.gateway.opa.client import check_token
 from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.policy.client import check_token
 
 __all__ = [
     "BUNDLE_NAME",

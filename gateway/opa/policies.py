@@ -6,7 +6,7 @@ and the first place that exists wins:
 
 1. ``$CAPGATE_POLICIES``: an explicit folder (an error if it does not exist, never
    a silent fall-back to another copy);
-2. the installed package: a wheel carries the policies as ``gateway/_policies``;
+2. the installed package: a wheel carries the policies as ``capgate/gateway/_policies``;
 3. the checkout: ``policies/`` beside ``gateway/`` in a source tree (an editable
    install or ``PYTHONPATH`` use).
 

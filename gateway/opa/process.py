@@ -67,8 +67,8 @@ from typing import Final
 
 from capgate.gateway.errors import OPAProcessError
 from capgate.gateway.opa.binary import OPABinary, find_opa
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
+from capgate.gateway.policy.client import PolicyClient
 
 __all__ = ["RESERVED_ENV", "EmbeddedOPA"]
 
@@ -114,7 +114,7 @@ class EmbeddedOPA:
     """One OPA server serving ``bundle_dir`` on a private unix socket.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. Pass
-    :attr:`address` to :class:`capgate.gateway.opa.client.PolicyClient`. ``start`` returns
+    :attr:`address` to :class:`capgate.gateway.policy.client.PolicyClient`. ``start`` returns
     only once OPA reports every bundle activated, so the first decision is real.
 
     ``env`` adds variables to OPA's otherwise minimal environment (see the module

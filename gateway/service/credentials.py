@@ -4,7 +4,7 @@ An agent, a proposal, a log line or the ledger names a connection by its alias a
 the provider account it acts as (``sales_mailbox``, ``sales@acme.example``); the
 secret behind it is resolved from (tenant, alias) by a :class:`CredentialResolver`
 immediately before a tool runs, and handed to the adapter in its CallContext as a
-:class:`~capgate.gateway.dispatch.transport.Secret`, which never prints its value.
+:class:`~capgate.gateway.tools.contract.Secret`, which never prints its value.
 
 Each resolver keeps pairs apart: the secret of one (tenant, alias) is never where
 another pair's is looked for, however alike their names (``acme.eu`` and
@@ -22,9 +22,9 @@ from typing import Final, Protocol, runtime_checkable
 
 from pydantic import TypeAdapter, ValidationError
 
-from capgate.gateway.dispatch.transport import Secret
 from capgate.gateway.errors import CredentialUnavailable, InvalidInput, quote
 from capgate.gateway.model.facts import Identifier
+from capgate.gateway.tools.contract import Secret
 
 __all__ = [
     "VARIABLE_PREFIX",

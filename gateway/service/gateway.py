@@ -43,20 +43,12 @@ from typing import Any, Final, NoReturn, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from capgate.gateway.dispatch.dispatcher import (
+from capgate.gateway.enforce.dispatcher import (
     Authorised,
     DecisionEvent,
     Dispatcher,
     PolicyDecider,
     policy_revision,
-)
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import (
-    Adapter,
-    CallContext,
-    DefinitionChanged,
-    Secret,
-    SupportsLookup,
 )
 from capgate.gateway.errors import (
     CapabilityViolation,
@@ -84,7 +76,6 @@ from capgate.gateway.model.facts import (
 )
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
-from capgate.gateway.service.definitions import SupportsDefinitions
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.errors import (
     DuplicateOperation,
@@ -106,6 +97,15 @@ from capgate.gateway.state.records import (
     ReviewVerdict,
 )
 from capgate.gateway.state.store import Store, Tx
+from capgate.gateway.tools.contract import (
+    Adapter,
+    CallContext,
+    DefinitionChanged,
+    Secret,
+    SupportsLookup,
+)
+from capgate.gateway.tools.definitions import SupportsDefinitions
+from capgate.gateway.tools.registry import ToolRegistry
 
 __all__ = ["Gateway", "ReviewPolicy"]
 
@@ -255,7 +255,7 @@ class ReviewPolicy(PolicyDecider, Protocol):
 class Gateway:
     """The stateful front: store-backed facts, the life cycle, the ledger.
 
-    ``policy`` is normally a :class:`~capgate.gateway.opa.client.PolicyClient`; ``registry``
+    ``policy`` is normally a :class:`~capgate.gateway.policy.client.PolicyClient`; ``registry``
     holds the adapters; ``store`` the state (see :func:`capgate.gateway.state.open_store`);
     ``credentials`` resolves a connection's secret at dispatch only.
     """

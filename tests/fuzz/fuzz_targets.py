@@ -12,7 +12,7 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 ``answer``
     What OPA (or whatever answers at its address) sends back: a status, an HTTP
     version, content type and encoding, and body bytes, through
-    ``capgate.gateway.opa.client._parse_answer`` and on to a decision: the pinned revision
+    ``capgate.gateway.policy.client._parse_answer`` and on to a decision: the pinned revision
     check, ``_validate`` into ``ComposeDecision`` or ``ExecuteDecision`` and the
     catalogue digest check (``PolicyClient._check_catalogue``). Each must return or
     raise ``PolicyUnavailable`` with a message of at most :data:`MESSAGE_CAP`
@@ -42,7 +42,7 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 The inputs are *structured*: the first bytes choose what to build (a well-formed
 answer with one part swapped, a duplicated or escaped key, a NaN, deep nesting, cut
 or garbled bytes, or plain raw bytes), so a short run reaches the deep checks
-without a seed corpus. The targets use private names of ``capgate.gateway.opa.client``
+without a seed corpus. The targets use private names of ``capgate.gateway.policy.client``
 (``_Head``, ``_parse_answer``, ``_validate``, ``_check_revision``,
 ``_check_catalogue``): they are the parser, and they are what to adapt if it moves.
 """
@@ -65,7 +65,7 @@ with atheris.instrument_imports(include=["gateway"]):
     from capgate.gateway.digest import canonical_json, plain_json, plain_params
     from capgate.gateway.errors import InvalidInput, PolicyUnavailable
     from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
-    from capgate.gateway.opa.client import (
+    from capgate.gateway.policy.client import (
         CATALOGUE_DIGEST_PATH,
         COMPOSE_PATH,
         EXECUTE_PATH,

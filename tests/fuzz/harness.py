@@ -40,10 +40,8 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from capgate.adapters.in_process import InProcessTools, current_call
-from capgate.gateway.dispatch.dispatcher import DecisionEvent
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import CallContext
+from capgate.adapters.tools.in_process import InProcessTools, current_call
+from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
 from capgate.gateway.model.facts import (
@@ -54,11 +52,13 @@ from capgate.gateway.model.facts import (
     ReviewInput,
 )
 from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable
-from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.service.credentials import EnvironmentCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerRow
+from capgate.gateway.tools.contract import CallContext
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.fuzz.runs import RESULTS, examples
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The policy client's HTTP/1.1 answer parser frames every answer as h11 does.
 
-``capgate.gateway.opa.transport`` reads OPA's answers with a parser of its own. Where an
+``capgate.gateway.policy.wire`` reads OPA's answers with a parser of its own. Where an
 answer's end is, is a security property: two readers that place it differently can
 be made to take the tail of one answer for the next (response splitting). These
 properties hold the parser to h11, the reader httpx itself uses, as an oracle:
@@ -34,7 +34,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capgate.gateway.opa.transport import AnswerTooLarge, DeadlineTransport
+from capgate.gateway.policy.wire import AnswerTooLarge, DeadlineTransport
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.unit.test_opa_answer_parsing import URL, Scripted, ScriptedServer

@@ -77,9 +77,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from capgate.adapters.fronts.session import AgentSession
 from capgate.gateway.digest import canonical_json, digest_of, params_digest
-from capgate.gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -93,9 +93,9 @@ from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
 from capgate.gateway.model.facts import Approval, Budget, ComposeInput, ExecuteInput, Stage
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.fuzz.harness import (
     MESSAGE_CAP,
     TOOL_TEXT_CAP,

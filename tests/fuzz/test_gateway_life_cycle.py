@@ -77,9 +77,9 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from capgate.cli import main as capgate_cli
+from capgate.cli.main import main as capgate_cli
 from capgate.gateway.digest import canonical_json, digest_of
-from capgate.gateway.dispatch.dispatcher import DecisionEvent
+from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,

@@ -4,14 +4,14 @@ Issue 17, defect 5: an error answer put capgate's error object in
 ``structuredContent`` of a tool whose output schema it did not fit, and the
 TypeScript clients, which validate structured content against the listed output
 schema whether or not the result is an error, failed the call. These properties hold
-:func:`capgate.serve.results.tool_result` to the rule for the whole class: hypothesis
+:func:`capgate.adapters.fronts.mcp.results.tool_result` to the rule for the whole class: hypothesis
 draws a contract with an output schema (objects, arrays, scalars, formats, ``const``,
 ``enum``, nested, on a reviewed tool or not: any the catalogue accepts) and, for it,
 an answer of every kind (a success whose result fits the schema or not, a refusal, a
 retryable or unknown outcome with its recovery and wait, a proposal, a denial,
 invalid input, the fixed failures of ``capgate.gateway.errors``, an unknown tool, an
 internal failure), each fitted both to the tool as ``tools/list`` shows it
-(:func:`capgate.serve.server.tool_view`) and to no tool (a name the caller may not
+(:func:`capgate.adapters.fronts.mcp.server.tool_view`) and to no tool (a name the caller may not
 see). Whatever it drew:
 
 - **Every client reads it.** Checked as each client checks: the TypeScript SDK 1.x
@@ -43,6 +43,17 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
+from capgate.adapters.fronts.mcp.results import (
+    OUTCOME_META_KEY,
+    Answer,
+    error_answer,
+    internal_answer,
+    outcome_answer,
+    proposal_answer,
+    tool_result,
+    unknown_tool_answer,
+)
+from capgate.adapters.fronts.mcp.server import tool_view
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.digest import params_digest, plain_json
@@ -59,20 +70,9 @@ from capgate.gateway.model.contracts import ToolContract
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
-from capgate.gateway.model.schema import schema_validator
+from capgate.gateway.schema.validator import schema_validator
 from capgate.gateway.state.errors import StoreBusy, StoreError, UnknownTenant
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
-from capgate.serve.results import (
-    OUTCOME_META_KEY,
-    Answer,
-    error_answer,
-    internal_answer,
-    outcome_answer,
-    proposal_answer,
-    tool_result,
-    unknown_tool_answer,
-)
-from capgate.serve.server import tool_view
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.fuzz.strategies import json_values, names, valid_value

@@ -41,12 +41,12 @@ from capgate import (
     Store,
     ToolRegistry,
 )
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.deploy import Deployment, SignedBundle, init_deployment, opa_run_args
 from capgate.gateway.opa.deploy import write_signed_bundle as _write_signed_bundle
 from capgate.gateway.opa.sidecar import read_token_file
+from capgate.gateway.policy.client import PolicyClient
 from tests.integration.opa_servers import free_port
 
 #: Where the bundle server serves the bundle, under its root.

@@ -43,22 +43,22 @@ import psycopg
 import pytest
 import yaml
 
-from capgate.adapters.in_process import InProcessTools, current_call
+from capgate.adapters.tools.in_process import InProcessTools, current_call
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import Adapter
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ConnectionStatus, Principal
 from capgate.gateway.model.outcomes import ToolUnknown
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.service.credentials import CredentialResolver, StaticCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationRecord, ProposalRecord
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import Adapter
+from capgate.gateway.tools.registry import ToolRegistry
 
 TENANT: Final = "acme"
 

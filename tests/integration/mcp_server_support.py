@@ -39,16 +39,16 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.auth_context import get_access_token
 
-from capgate.adapters.in_process import InProcessTools
-from capgate.cli import main
+from capgate.adapters.fronts.mcp.config import token_digest
+from capgate.adapters.tools.in_process import InProcessTools
+from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from capgate.gateway.dispatch.transport import CallContext
 from capgate.gateway.model.outcomes import ToolRetryable, ToolUnknown
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
-from capgate.serve.config import token_digest
+from capgate.gateway.tools.contract import CallContext
 from tests.integration.opa_servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]

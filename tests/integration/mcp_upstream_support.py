@@ -8,9 +8,9 @@ there. ``mcp_upstream_server.py`` is the test's own server, whose tools a test c
 change while it runs.
 
 :class:`Harness` is one gateway over a catalogue written to tmp: a real OPA
-(:class:`gateway.PolicySidecar`), a SQLite store, :class:`capgate.adapters.mcp.tools.McpTools`
-for the given servers (stdio, or streamable HTTP on 127.0.0.1) and, optionally,
-in-process tools. Every wait is bounded.
+(:class:`capgate.PolicySidecar`), a SQLite store,
+:class:`capgate.adapters.tools.mcp.client.McpTools` for the given servers (stdio, or
+streamable HTTP on 127.0.0.1) and, optionally, in-process tools. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from capgate import (
     load_catalogue,
     open_store,
 )
-from capgate.adapters.in_process import InProcessTools
-from capgate.adapters.mcp.config import ServerSpec
-from capgate.adapters.mcp.tools import McpTools
-from capgate.cli import main
+from capgate.adapters.tools.in_process import InProcessTools
+from capgate.adapters.tools.mcp.client import McpTools
+from capgate.adapters.tools.mcp.config import ServerSpec
+from capgate.cli.main import main
 from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.state.records import PinRecord
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from capgate.gateway.opa.binary import find_opa_binary
-from capgate.gateway.opa.client import PolicyClient
+from capgate.gateway.policy.client import PolicyClient
 
 STARTUP_SECONDS = 20.0
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from capgate import AsyncGateway, CapabilityViolation, Gateway, OutcomeStatus
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.opa.sidecar import PolicySidecar

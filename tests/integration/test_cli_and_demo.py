@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
+from capgate.cli.main import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.scenes import run_demo
 from capgate.gateway.errors import PolicyUnavailable

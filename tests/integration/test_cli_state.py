@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 
-from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
-from capgate.commands.common import STORE_ENV, redact_url
+from capgate.cli.commands.common import STORE_ENV, redact_url
+from capgate.cli.main import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
-from capgate.gateway.dispatch.registry import ToolRegistry
 from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import OutcomeStatus
@@ -36,6 +35,7 @@ from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.registry import ToolRegistry
 
 pytestmark = pytest.mark.integration
 

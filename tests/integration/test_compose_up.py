@@ -39,12 +39,12 @@ import pytest
 import yaml
 
 from capgate import Gateway, ToolRegistry, open_store
+from capgate.adapters.fronts.mcp.config import load_config
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.deploy import opa_run_args
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.serve.config import load_config
 from tests.conftest import CONTAINER_MARK
 from tests.integration.containers_support import pinned_opa_version
 from tests.integration.mcp_server_support import http_session

@@ -20,8 +20,8 @@ from capgate import PolicySidecar
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ComposeInput
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.deploy import SignedBundle, opa_run_args
+from capgate.gateway.policy.client import PolicyClient
 from tests.conftest import CONTAINER_MARK
 from tests.integration.containers_support import OpaContainer, opa_container
 from tests.integration.deploy_support import bundle_server, new_deployment, publish, wait_until

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from capgate.adapters.fronts.mcp.config import load_config, token_digest
 from capgate.gateway.opa.deploy import init_deployment
 from capgate.gateway.service.credentials import EnvironmentCredentials
 from capgate.gateway.state import open_store
-from capgate.serve.config import load_config, token_digest
 from tests.integration.containers_support import opa_image, require_engine_and_image
 
 pytestmark = pytest.mark.integration

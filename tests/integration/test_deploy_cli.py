@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from capgate.cli import EXIT_ERROR, EXIT_OK, main
+from capgate.cli.main import EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.opa.binary import find_opa_binary
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.deploy import Deployment, signing_algorithm
 from capgate.gateway.opa.sidecar import OPA_TOKEN_ENV, OPA_TOKEN_FILE_ENV, OPA_URL_ENV
+from capgate.gateway.policy.client import PolicyClient
 from tests.integration.deploy_support import bundle_server, sidecar_opa, wait_until
 
 pytestmark = pytest.mark.integration

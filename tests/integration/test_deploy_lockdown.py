@@ -28,12 +28,12 @@ from capgate import (
     ToolRegistry,
     open_store,
 )
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.deploy import BUNDLE_NAME, Deployment, SignedBundle
 from capgate.gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, OPA_URL_ENV
+from capgate.gateway.policy.client import PolicyClient
 from tests.integration.deploy_support import (
     BundleServer,
     Sidecar,

@@ -23,7 +23,6 @@ from capgate import Dispatcher, PolicySidecar, ToolRegistry
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ComposeInput
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.deploy import (
     BUNDLE_NAME,
     Deployment,
@@ -33,6 +32,7 @@ from capgate.gateway.opa.deploy import (
 )
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import OPA_STARTUP_TIMEOUT_ENV, OPA_TOKEN_ENV, OPA_URL_ENV
+from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.state import open_store
 from tests.integration.deploy_support import (
     BundleServer,

@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 import yaml
 
-from capgate.cli import main
-from capgate.commands.common import EXIT_ERROR, EXIT_OK
-from capgate.commands.diff import EXIT_WIDENED, Side, eval_seconds
+from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK
+from capgate.cli.commands.diff import EXIT_WIDENED, Side, eval_seconds
+from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.binary import OPA_BIN_ENV, find_opa_binary
-from capgate.gateway.opa.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

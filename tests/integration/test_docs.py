@@ -45,7 +45,7 @@ info string                        rule
 ``text catalogue-error-format``    every real problem that names a field (from the
                                    mistakes above) matches this ``<placeholder>`` shape.
 ``yaml serve-config``              a ``capgate serve`` configuration: accepted by
-                                   ``capgate.serve.config.parse_config``, and its ``tools``
+                                   ``fronts.mcp.config.parse_config``, and its ``tools``
                                    entry points import and give adapters.
 ``json mcp-client``                an MCP client's ``mcpServers``: each stdio server runs a
                                    ``capgate`` whose ``args`` the real ``serve`` parser
@@ -53,7 +53,7 @@ info string                        rule
                                    address ``--http`` accepts, and its bearer token is one
                                    of the nearest ``serve-config`` above it.
 ``json mcp-tool-result``           a ``tools/call`` result as the server writes it (without
-                                   ``resultType``), equal to one that ``capgate.serve``
+                                   ``resultType``), equal to one that ``capgate serve``
                                    really produces (``_serve_results``).
 =================================  =========================================================
 
@@ -112,22 +112,22 @@ import pytest
 import yaml
 
 import capgate
-from capgate.cli import EXIT_DENIED, EXIT_OK, main
+from capgate.adapters.fronts.mcp.config import parse_config
+from capgate.adapters.fronts.mcp.http import MCP_PATH, parse_listen_address
+from capgate.adapters.fronts.mcp.results import error_answer, tool_result, unknown_tool_answer
+from capgate.adapters.fronts.mcp.server import tool_view
+from capgate.cli import serve as serve_command
+from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
-from capgate.serve import command as serve_command
-from capgate.serve.config import parse_config
-from capgate.serve.http import MCP_PATH, parse_listen_address
-from capgate.serve.results import error_answer, tool_result, unknown_tool_answer
-from capgate.serve.server import tool_view
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.opa_servers import wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -573,7 +573,7 @@ class _NoPolicy:
 
 
 def _serve_results() -> list[dict[str, Any]]:
-    """What capgate.serve answers for a denial of ``contact.read`` and invalid arguments
+    """What capgate serve answers for a denial of ``contact.read`` and invalid arguments
     to it (fitted to the tool as tools/list shows it), and for a hidden tool."""
     catalogue = load_catalogue(SALES)
     dispatcher = Dispatcher(catalogue, _NoPolicy(), ToolRegistry())

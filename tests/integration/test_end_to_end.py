@@ -25,11 +25,10 @@ from typing import Any
 
 import pytest
 
+from capgate.adapters.fronts.session import AgentSession
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import Secret
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import (
@@ -43,13 +42,14 @@ from capgate.gateway.model.facts import (
 )
 from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.credentials import StaticCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import Secret
+from capgate.gateway.tools.registry import ToolRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from capgate.cli import main
-from capgate.commands.common import EXIT_DENIED, EXIT_ERROR, EXIT_OK
+from capgate.cli.commands.common import EXIT_DENIED, EXIT_ERROR, EXIT_OK
+from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.opa.bundle import write_bundle
-from capgate.gateway.opa.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
 from capgate.gateway.opa.policies import POLICIES_ENV, default_policies_dir
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
 from tests.integration.large_catalogue import write_large_catalogue
 from tests.integration.opa_servers import external_opa
 

@@ -31,17 +31,17 @@ from typing import Any
 import httpx
 import pytest
 
-from capgate.adapters.in_process import InProcessTools
-from capgate.cli import EXIT_ERROR, main
+from capgate.adapters.tools.in_process import InProcessTools
+from capgate.cli.main import EXIT_ERROR, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import Budget, ComposeInput
 from capgate.gateway.model.outcomes import Outcome
-from capgate.gateway.opa.client import (
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
     DEFAULT_CONNECT_TIMEOUT,
@@ -50,8 +50,8 @@ from capgate.gateway.opa.client import (
     MAX_ANSWER_BYTES,
     PolicyClient,
 )
-from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.opa.transport import DeadlineTransport
+from capgate.gateway.policy.wire import DeadlineTransport
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.fake_opa import (
     CLOSE,
     RESET,

@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from capgate.adapters.in_process import InProcessTools, current_call
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.in_process import InProcessTools, current_call
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.transport import Secret
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -45,7 +45,6 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ConnectionStatus, Principal
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.credentials import StaticCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
@@ -57,6 +56,7 @@ from capgate.gateway.state.records import (
     ReviewVerdict,
 )
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import Secret
 from tests.integration import lifecycle_support as lifecycle_fixtures
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures

@@ -41,11 +41,11 @@ from typing import Any
 
 import pytest
 
+from capgate.adapters.fronts.session import AgentSession
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationStatus, ProposalRecord, ProposalStatus

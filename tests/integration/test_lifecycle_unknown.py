@@ -25,11 +25,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from capgate.adapters.fronts.session import AgentSession
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.errors import CapabilityViolation, InvalidInput
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import UnknownOperation
 from capgate.gateway.state.records import OperationStatus

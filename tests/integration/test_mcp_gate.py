@@ -2,7 +2,7 @@
 
 Issue 17, defect 7: setting ``MCP_SERVERS`` alone switched nothing, because only the
 catalogue's ``upstream`` entries ever ran over MCP. Now the registry an application
-gets (:func:`capgate.adapters.registry.tool_registry`) holds the in-process adapters only,
+gets (:func:`capgate.adapters.tools.gate.tool_registry`) holds the in-process adapters only,
 until the gate is set; then granted tools the catalogue leaves unplaced resolve over
 MCP, on the gate's server where a tool of their name was accepted as them, and stay
 quarantined until one is. The grant check is the same either way, and comes first.
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from capgate import CapabilityViolation, Gateway, StaticCredentials
-from capgate.adapters.in_process import InProcessTools
-from capgate.adapters.registry import tool_registry
+from capgate.adapters.tools.gate import tool_registry
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo.oracle_server import oracle_server_spec
 from capgate.demo.scenes import run_demo
 from capgate.gateway.model.outcomes import Outcome

@@ -26,15 +26,15 @@ import pytest
 import yaml
 from mcp.shared.exceptions import MCPError
 
-from capgate.cli import main
+from capgate.adapters.fronts.mcp.config import Binding, ConfigError, parse_config, token_digest
+from capgate.cli.main import main
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.registry import ToolRegistry
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
-from capgate.serve.config import Binding, ConfigError, parse_config, token_digest
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.mcp_server_support import (
     CAPGATE,
     FINANCE_BOT,

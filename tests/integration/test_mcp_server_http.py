@@ -18,12 +18,12 @@ import httpx2
 import mcp_types as types
 import pytest
 
+from capgate.adapters.fronts.mcp.config import Binding
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.registry import ToolRegistry
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
-from capgate.serve.config import Binding
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.mcp_server_support import (
     MODES,
     SALES,

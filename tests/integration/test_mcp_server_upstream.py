@@ -25,7 +25,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from capgate import open_store
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from tests.integration.mcp_upstream_support import (
     SERVER_SCRIPT,
     contract,

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from capgate import CapabilityViolation
-from capgate.adapters.mcp.config import ServerSpec
+from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import (

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from capgate import CapabilityViolation
-from capgate.gateway.dispatch.transport import CallContext
 from capgate.gateway.model.outcomes import Outcome, ToolRetryable
 from capgate.gateway.state.records import PinStatus
+from capgate.gateway.tools.contract import CallContext
 from tests.integration.mcp_upstream_support import (
     Harness,
     contract,

@@ -25,8 +25,8 @@ from capgate import (
     ToolRegistry,
     open_store,
 )
-from capgate.adapters.mcp.config import ServerSpec, servers_from_env
-from capgate.adapters.mcp.pins import accept_definition
+from capgate.adapters.tools.mcp.config import ServerSpec, servers_from_env
+from capgate.adapters.tools.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.oracle_server import ORACLE_SERVER_ID, oracle_server_spec
 from capgate.demo.scenes import run_oracle_grove
@@ -76,7 +76,7 @@ def test_mcp_oracle_is_the_gates_shorthand_for_the_oracle_server():
 
 @pytest.mark.parametrize("transport", ["stdio", "streamable-http"])
 def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, transport: str):
-    from capgate.adapters.mcp.tools import McpTools
+    from capgate.adapters.tools.mcp.client import McpTools
 
     catalogue = _oracle_over_mcp(load_catalogue(demo_catalogue_dir("oracle-grove")))
     process = None
@@ -125,7 +125,7 @@ def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, tran
 
 
 def _listing(tools: object) -> bool:
-    from capgate.adapters.mcp.config import UpstreamUnavailable
+    from capgate.adapters.tools.mcp.config import UpstreamUnavailable
 
     try:
         tools.discover()  # type: ignore[attr-defined]

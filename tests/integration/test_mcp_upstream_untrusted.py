@@ -32,8 +32,8 @@ from capgate import (
     load_catalogue,
     open_store,
 )
-from capgate.adapters.mcp.pins import accept_definition
-from capgate.adapters.mcp.tools import McpTools
+from capgate.adapters.tools.mcp.client import McpTools
+from capgate.adapters.tools.mcp.pins import accept_definition
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.model.facts import ConnectionStatus

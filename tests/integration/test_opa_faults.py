@@ -28,19 +28,19 @@ from typing import Any
 import pytest
 import yaml
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CapabilityViolation, PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import Approval, Budget, ComposeInput, ProposalRef, Stage
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
-from capgate.gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.opa_servers import Server, external_opa, free_port, wait_healthy
 
 pytestmark = pytest.mark.integration

@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.policies import locate_policies
 from capgate.gateway.opa.process import EmbeddedOPA
+from capgate.gateway.policy.client import PolicyClient
 from tests.integration.test_opa_process import (
     CTRL_C_AS_AT_A_TERMINAL,
     is_alive,
@@ -414,7 +414,7 @@ DISK_FULL = textwrap.dedent("""\
     import json, os, resource, signal, sys
     from pathlib import Path
 
-    from capgate.adapters.in_process import InProcessTools
+    from capgate.adapters.tools.in_process import InProcessTools
     from capgate.demo import demo_catalogue_dir
     from capgate import AgentSession, ComposeInput, Dispatcher, ToolRegistry, load_catalogue
     from capgate.gateway.errors import CapgateError, PolicyUnavailable

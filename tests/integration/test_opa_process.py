@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from capgate.gateway.errors import OPAProcessError, PolicyUnavailable
-from capgate.gateway.opa.client import PolicyClient
 from capgate.gateway.opa.process import EmbeddedOPA
+from capgate.gateway.policy.client import PolicyClient
 
 pytestmark = pytest.mark.integration
 

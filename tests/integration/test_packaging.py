@@ -113,7 +113,7 @@ def test_the_wheel_carries_every_module_the_policies_and_the_demo(wheel: Path):
 
 SERVICE = textwrap.dedent("""\
     import json
-    from capgate.adapters.in_process import InProcessTools
+    from capgate.adapters.tools.in_process import InProcessTools
     from capgate.demo import demo_catalogue_dir
     from capgate import (AgentRequest, ConnectionStatus, Gateway, PolicySidecar,
                          StaticCredentials, ToolRegistry, load_catalogue, open_store)

@@ -27,10 +27,10 @@ from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from capgate.gateway.opa.binary import find_opa
-from capgate.gateway.opa.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
 from capgate.gateway.opa.deploy import token_sha256
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.process import EmbeddedOPA
+from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
-CAPGATE = [sys.executable, "-m", "capgate.cli"]
+CAPGATE = [sys.executable, "-m", "capgate.cli.main"]
 ROW = '"tool not in the catalogue": {'
 
 
@@ -138,7 +138,7 @@ def test_the_watch_script_is_the_same_loop(policies):
 
 
 def test_bad_arguments_are_errors(capsys):
-    from capgate.cli import main
+    from capgate.cli.main import main
 
     assert main(["policy-test", "--runs", "2"]) == 2
     assert "--runs goes with --watch" in capsys.readouterr().err

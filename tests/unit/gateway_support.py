@@ -11,8 +11,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import Adapter
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ConnectionStatus
 from capgate.gateway.service.credentials import StaticCredentials
@@ -20,6 +18,8 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import Adapter
+from capgate.gateway.tools.registry import ToolRegistry
 
 TENANT: Final = "t"
 #: Every demo connection of the tenant, active, with a secret behind it.

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from capgate.gateway import catalogue as catalogue_module
 from capgate.demo import demo_catalogue_dir, demo_catalogue_names
+from capgate.gateway import catalogue as catalogue_module
 from capgate.gateway.catalogue import catalogue_digest, compile_catalogue, load_catalogue
 from capgate.gateway.errors import CatalogueError
 from capgate.gateway.model import contracts

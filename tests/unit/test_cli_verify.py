@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from capgate.cli import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
+from capgate.cli.main import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.model.decisions import ExecuteDecision
@@ -273,8 +273,8 @@ def test_a_compose_answer_the_dispatcher_refuses_exits_2(opa, capsys, case, as_j
 
 def test_the_cli_and_the_dispatcher_share_one_check():
     # Not a copy that could drift: both import the same functions.
-    from capgate import cli
-    from capgate.gateway.dispatch import dispatcher, verify
+    from capgate.cli import main as cli
+    from capgate.gateway.enforce import dispatcher, verify
 
     assert cli.verify_execute is dispatcher.verify_execute is verify.verify_execute
     assert cli.verify_compose is dispatcher.verify_compose is verify.verify_compose

@@ -15,15 +15,14 @@ from typing import Any, Final
 
 import pytest
 
-from capgate.adapters.in_process import InProcessTools, current_call
-from capgate.cli import main
-from capgate.commands.common import EXIT_ERROR, EXIT_OK
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.in_process import InProcessTools, current_call
+from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK
+from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.registry import ToolRegistry
 from capgate.gateway.errors import CredentialUnavailable, InvalidInput
 from capgate.gateway.model.facts import ConnectionStatus
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.credentials import (
     VARIABLE_PREFIX,
     EnvironmentCredentials,
@@ -33,6 +32,7 @@ from capgate.gateway.service.credentials import (
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit.scripted_decider import ScriptedDecider, compose_decision
 
 #: Name pairs that the old mapping sent to one variable, grouped.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capgate.cli import EXIT_ERROR, EXIT_OK, main
+from capgate.cli.main import EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle

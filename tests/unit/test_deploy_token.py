@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from capgate.gateway.errors import PolicyUnavailable
-from capgate.gateway.opa.client import MAX_TOKEN_CHARS, PolicyClient, check_token
 from capgate.gateway.opa.sidecar import (
     OPA_STARTUP_TIMEOUT_ENV,
     OPA_TOKEN_ENV,
@@ -20,6 +19,7 @@ from capgate.gateway.opa.sidecar import (
     startup_timeout_from_env,
     token_file_problem,
 )
+from capgate.gateway.policy.client import MAX_TOKEN_CHARS, PolicyClient, check_token
 
 TOKEN = "Y7lpOFKHXKmsYCn8PJ6qY4FayT7WhUu-8Gv0-Pnnz6o"
 

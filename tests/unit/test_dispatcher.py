@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.dispatch.dispatcher import DecisionEvent, Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
 from capgate.gateway.errors import (
     CapabilityViolation,
     InvalidInput,
@@ -39,6 +38,7 @@ from capgate.gateway.model.facts import (
     Stage,
 )
 from capgate.gateway.model.outcomes import OutcomeStatus, ToolRefused, ToolRetryable, ToolUnknown
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit.scripted_decider import (
     ScriptedDecider,
     compose_decision,
@@ -647,7 +647,7 @@ def test_authorise_refuses_an_input_made_for_another_call(catalogue, desk, facts
 
 
 def test_run_hands_the_account_and_secret_to_the_adapter_only(catalogue, facts):
-    from capgate.gateway.dispatch.transport import Secret
+    from capgate.gateway.tools.contract import Secret
 
     recorder = Recorder("payment.execute", returns={"payment_id": "p-1", "status": "submitted"})
     events: list[DecisionEvent] = []

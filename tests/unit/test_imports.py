@@ -3,7 +3,7 @@
 - One import name: every module is ``capgate.<...>``; the card's folders ``gateway/``
   and ``adapters/`` are ``capgate.gateway`` and ``capgate.adapters``.
 - Every module imports first and alone, in a fresh interpreter: no hidden cycle
-  (``import capgate.adapters.in_process`` as a program's first line once failed).
+  (``import capgate.adapters.tools.in_process`` as a program's first line once failed).
 - Imports run one way: the application (``capgate``'s own modules: the command
   line, the MCP server, the demo) -> ``capgate.adapters`` (transports) ->
   ``capgate.gateway`` (the core). The core never imports a transport, the
@@ -77,9 +77,13 @@ def test_the_layout_has_the_expected_rooms():
         "capgate.gateway.model",
         "capgate.gateway.catalogue",
         "capgate.gateway.opa",
-        "capgate.gateway.dispatch",
+        "capgate.gateway.enforce",
     )
     for room in (*rooms, "capgate.gateway.state", "capgate.gateway.service"):
+        assert room in names
+    for room in ("capgate.gateway.enforce", "capgate.gateway.tools", "capgate.gateway.policy",
+                 "capgate.gateway.schema", "capgate.adapters.fronts", "capgate.adapters.tools",
+                 "capgate.cli"):  # fmt: skip
         assert room in names
     flat = sorted(p.name for p in (REPO / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(flat) <= 4, f"gateway's top level is filling up again: {flat}"
@@ -130,19 +134,52 @@ def test_imports_run_one_way(name: str, path: Path):
     assert wrong == []
 
 
-#: The core's rooms, each above the ones it may import: the stateful service on top,
-#: then the stateless dispatcher, the store, the OPA side and the catalogue, all
-#: over the models.
+#: The core's rooms, each above the ones it may import, along the path a call takes:
+#: the stateful service drives enforcement (decide, then run), which reaches tools
+#: through their contract and registry; asking OPA (policy) and running OPA (opa) sit
+#: beside them; beneath all, the store, the catalogue, the models and the JSON Schema
+#: dialect. The leaf modules (errors, digest, version) may be imported from anywhere.
 CORE_BELOW = {
-    "capgate.gateway.service": {"capgate.gateway.dispatch", "capgate.gateway.state",
-                                "capgate.gateway.model", "capgate.gateway.opa",
-                                "capgate.gateway.catalogue"},
-    "capgate.gateway.dispatch": {"capgate.gateway.model"},
+    "capgate.gateway.service": {"capgate.gateway.enforce", "capgate.gateway.tools",
+                                "capgate.gateway.state", "capgate.gateway.model",
+                                "capgate.gateway.schema"},
+    "capgate.gateway.enforce": {"capgate.gateway.tools", "capgate.gateway.model",
+                                "capgate.gateway.schema"},
+    "capgate.gateway.tools": {"capgate.gateway.state", "capgate.gateway.model"},
+    "capgate.gateway.opa": {"capgate.gateway.policy", "capgate.gateway.catalogue",
+                            "capgate.gateway.model"},
+    "capgate.gateway.policy": {"capgate.gateway.model"},
+    "capgate.gateway.catalogue": {"capgate.gateway.model", "capgate.gateway.schema"},
     "capgate.gateway.state": {"capgate.gateway.model"},
-    "capgate.gateway.opa": {"capgate.gateway.model", "capgate.gateway.catalogue"},
-    "capgate.gateway.catalogue": {"capgate.gateway.model"},
-    "capgate.gateway.model": set(),
+    "capgate.gateway.model": {"capgate.gateway.schema"},
+    "capgate.gateway.schema": set(),
 }  # fmt: skip
+
+
+def test_the_core_rooms_form_no_circle() -> None:
+    seen: set[str] = set()
+
+    def visit(room: str, path: tuple[str, ...]) -> None:
+        assert room not in path, f"a circle of rooms: {' -> '.join((*path, room))}"
+        if room not in seen:
+            for below in CORE_BELOW[room]:
+                visit(below, (*path, room))
+            seen.add(room)
+
+    for room in CORE_BELOW:
+        visit(room, ())
+
+
+def test_tools_never_reach_the_fronts() -> None:
+    # How tools are reached sits below how agents and people reach the gateway.
+    wrong = sorted(
+        f"{name}: imports {module}"
+        for name, path in MODULES
+        if name.startswith("capgate.adapters.tools")
+        for _, module, _ in _imported_areas(path)
+        if module.startswith("capgate.adapters.fronts")
+    )
+    assert wrong == []
 
 
 def _core_room(module: str) -> str | None:

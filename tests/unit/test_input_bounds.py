@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.digest import (
@@ -29,17 +30,16 @@ from capgate.gateway.digest import (
     params_digest,
     plain_json,
 )
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import InvalidInput, PolicyUnavailable, ToolFailed
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.facts import Approval, Budget, ComposeInput, Principal
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit import gateway_support
 from tests.unit.scripted_decider import (
     ScriptedDecider,

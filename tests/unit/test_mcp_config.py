@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from capgate.adapters.mcp.config import (
+from capgate.adapters.tools.mcp.config import (
     ServerSpec,
     UpstreamConfigError,
     parse_servers,
     servers_from_env,
 )
-from capgate.adapters.mcp.definitions import (
+from capgate.adapters.tools.mcp.definitions import (
     annotation_hints,
     definition_diff,
     definition_digest,
     render_definition,
     tool_definition,
 )
-from capgate.adapters.mcp.pins import quarantine_reason
+from capgate.adapters.tools.mcp.pins import quarantine_reason
 from capgate.gateway.catalogue import compile_catalogue
 from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue

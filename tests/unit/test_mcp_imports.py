@@ -2,10 +2,10 @@
 
 A subprocess makes ``mcp`` (and ``mcp_types``) unimportable with a meta-path finder
 that raises ImportError for them, then imports the core (``gateway``,
-``capgate.adapters.in_process``, ``capgate.cli``) and the MCP modules that need no SDK
+``capgate.adapters.tools.in_process``, ``capgate.cli.main``) and the MCP modules that need no SDK
 (configuration, definitions, pins, the ``capgate mcp`` commands, the demo scenes
 and the oracle server's spec), checks none of them pulled ``mcp`` in, and that what
-does need it says how to install it: ``capgate.adapters.mcp.McpTools`` raises
+does need it says how to install it: ``capgate.adapters.tools.mcp.McpTools`` raises
 ``McpUnavailable``, ``capgate mcp discover`` exits 2 with the install hint, the demo
 knows to skip its MCP scene, and ``capgate mcp pending`` works.
 """
@@ -37,22 +37,23 @@ _WITHOUT_MCP = textwrap.dedent(
     else:
         raise SystemExit("the finder did not block mcp")
 
-    import capgate, capgate.gateway, capgate.adapters, capgate.adapters.in_process, capgate.cli
-    import capgate.adapters.mcp, capgate.adapters.mcp.config, capgate.adapters.mcp.definitions
-    import capgate.adapters.mcp.pins
-    import capgate.commands.mcp, capgate.demo.scenes, capgate.demo.oracle_server
+    import capgate, capgate.gateway, capgate.adapters, capgate.cli.main
+    import capgate.adapters.tools.in_process, capgate.adapters.tools.mcp
+    import capgate.adapters.tools.mcp.config, capgate.adapters.tools.mcp.definitions
+    import capgate.adapters.tools.mcp.pins
+    import capgate.cli.commands.mcp, capgate.demo.scenes, capgate.demo.oracle_server
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types"))
     assert loaded == [], loaded
 
     try:
-        capgate.adapters.mcp.McpTools
-    except capgate.adapters.mcp.McpUnavailable as exc:
+        capgate.adapters.tools.mcp.McpTools
+    except capgate.adapters.tools.mcp.McpUnavailable as exc:
         assert "pip install 'capgate[mcp]'" in str(exc), exc
     else:
         raise SystemExit("McpTools loaded without mcp")
     assert capgate.demo.scenes.mcp_installed() is False
 
-    from capgate.cli import main
+    from capgate.cli.main import main
     store = sys.argv[1]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry, require_catalogue_names
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
@@ -28,9 +28,9 @@ from capgate.gateway.errors import (
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.facts import ComposeInput, Principal
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import UnknownProposal
+from capgate.gateway.tools.registry import ToolRegistry, require_catalogue_names
 from tests.unit import gateway_support
 from tests.unit.scripted_decider import ScriptedDecider, compose_decision, execute_decision
 

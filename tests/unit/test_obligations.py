@@ -15,15 +15,15 @@ import pytest
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import CallContext, Secret
-from capgate.gateway.dispatch.verify import required_obligations, verify_execute
+from capgate.gateway.enforce.dispatcher import Dispatcher
+from capgate.gateway.enforce.verify import required_obligations, verify_execute
 from capgate.gateway.errors import ObligationUnsupported
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Obligation
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, Stage
 from capgate.gateway.model.outcomes import OutcomeStatus
+from capgate.gateway.tools.contract import CallContext, Secret
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit.scripted_decider import ScriptedDecider, execute_decision, key_obligation
 
 FACTS = ComposeInput.model_validate(

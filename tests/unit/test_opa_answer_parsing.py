@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from capgate.gateway.opa.transport import DEADLINE, AnswerTooLarge, DeadlineTransport
+from capgate.gateway.policy.wire import DEADLINE, AnswerTooLarge, DeadlineTransport
 
 URL = httpx.URL("http://opa/v1/data/capgate/probe?provenance=true")
 TIMEOUTS = {"connect": 2.0, "read": 2.0, "write": 2.0}

@@ -23,7 +23,7 @@ from capgate.gateway.model.decisions import (
     ReviewDecision,
 )
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
-from capgate.gateway.opa.client import (
+from capgate.gateway.policy.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
     DEFAULT_TIMEOUT,
@@ -406,7 +406,7 @@ def test_each_repeated_key_body_is_an_allow_to_a_last_key_wins_reader(
     body: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the test above guards against: with plain json.loads, each is obeyed."""
-    monkeypatch.setattr("capgate.gateway.opa.client._loads", json.loads)
+    monkeypatch.setattr("capgate.gateway.policy.client._loads", json.loads)
     with client_for(raw(body), expected_catalogue=CATALOGUE) as client:
         assert client.execute(execute_facts()).allow is True
 

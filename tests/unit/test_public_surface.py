@@ -82,10 +82,10 @@ def test_version_is_the_distributions():
 
 
 def test_explain_and_reason_surfaces_are_pinned():
-    # Not re-exported from gateway (whose surface is pinned above): imported from
+    # Not re-exported from capgate (whose surface is pinned above): imported from
     # their modules by capgate explain, capgate diff and the tests.
     from capgate.gateway.model import decisions, reasons
-    from capgate.gateway.opa import client
+    from capgate.gateway.policy import client
 
     assert set(reasons.__all__) == {"TEMPLATES", "compose_reasons", "render", "with_reasons"}
     assert {"Check", "ComposeExplanation", "ExecuteExplanation", "ToolExplanation"} <= set(

@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.fronts.session import AgentSession
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.digest import canonical_json, params_digest
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
-from capgate.gateway.dispatch.transport import CallContext
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import InvalidInput, ToolFailed, ToolNotInCatalogue
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
 from capgate.gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput
 from capgate.gateway.model.outcomes import OutcomeStatus, ToolRefused
-from capgate.gateway.service.agent import AgentSession
 from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import CallContext
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit import gateway_support
 from tests.unit.scripted_decider import (
     ScriptedDecider,

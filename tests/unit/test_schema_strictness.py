@@ -17,16 +17,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from capgate.adapters.in_process import InProcessTools
+from capgate.adapters.tools.in_process import InProcessTools
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.dispatch.dispatcher import Dispatcher
-from capgate.gateway.dispatch.registry import ToolRegistry
+from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.model.outcomes import OutcomeStatus
-from capgate.gateway.model.schema import MAX_SCHEMA_DEPTH
+from capgate.gateway.schema.validator import MAX_SCHEMA_DEPTH
+from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit.scripted_decider import ScriptedDecider
 
 FACTS = ComposeInput.model_validate(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from capgate.adapters.fronts.mcp.results import OUTCOME_META_KEY, proposal_answer, tool_result
 from capgate.gateway.digest import params_digest
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
-from capgate.serve.results import OUTCOME_META_KEY, proposal_answer, tool_result
 
 
 def _proposal(twins: list[str]) -> ProposalRecord:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from capgate.adapters.in_process import InProcessTools, current_call
+from capgate.adapters.tools.in_process import InProcessTools, current_call
 from capgate.gateway.model.outcomes import ToolRefused, ToolUnknown
 
 __all__ = ["SalesDesk"]

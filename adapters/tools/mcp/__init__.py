@@ -1,0 +1,55 @@
+"""The MCP transport: run catalogue tools on upstream MCP servers, pinned and reviewed.
+
+- ``config``: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
+- ``definitions``: what of a tool is pinned, its digest, diffs for people;
+- ``pins``: recording listings, accepting and rejecting definitions;
+- ``client``: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
+
+Only :mod:`capgate.adapters.tools.mcp.client` imports the ``mcp`` package, and this package imports
+it only when ``McpTools`` is first asked for, so configuration, pins and the command
+line work without the extra installed. See ``docs/mcp-upstreams.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from capgate.adapters.tools.mcp.config import (
+    MCP_ORACLE_ENV,
+    MCP_SERVERS_ENV,
+    ServerSpec,
+    UpstreamConfigError,
+    parse_servers,
+    servers_from_env,
+)
+
+if TYPE_CHECKING:
+    from capgate.adapters.tools.mcp.client import McpTools
+
+__all__ = [
+    "MCP_ORACLE_ENV",
+    "MCP_SERVERS_ENV",
+    "McpTools",
+    "McpUnavailable",
+    "ServerSpec",
+    "UpstreamConfigError",
+    "parse_servers",
+    "servers_from_env",
+]
+
+
+class McpUnavailable(ImportError):
+    """The ``mcp`` extra is not installed: ``pip install 'capgate[mcp]'``."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "McpTools":
+        try:
+            from capgate.adapters.tools.mcp.client import McpTools
+        except ImportError as exc:
+            raise McpUnavailable(
+                "running tools on MCP servers needs the mcp extra: pip install 'capgate[mcp]' "
+                f"({exc})"
+            ) from exc
+        return McpTools
+    raise AttributeError(f"module 'capgate.adapters.tools.mcp' has no attribute {name!r}")

@@ -1,0 +1,848 @@
+"""Run granted tools on MCP servers: the MCP transport, over stdio and streamable HTTP.
+
+:class:`McpTools` implements the core's :class:`~capgate.gateway.tools.contract.Adapter`
+protocol for the catalogue contracts that name an ``upstream`` (a server of the
+``MCP_SERVERS`` gate and a tool on it). By the time :meth:`McpTools.run` is called,
+OPA has allowed that exact call, so a denied call never reaches this module: no
+server is started and no connection opened for it (servers are started on the first
+*authorised* call, never when the adapter is built).
+
+**Threading model.** The dispatcher is synchronous, the official ``mcp`` SDK is
+async (anyio). Each McpTools owns one daemon thread running one event loop, reached
+through an anyio blocking portal. Each upstream server has one long-lived task in
+that loop holding its ``mcp.Client`` session open (a persistent stdio process, or a
+streamable-HTTP session), its ``subscriptions/listen`` stream on 2026-07-28
+connections, and a task that re-lists the tools whenever the server says
+``notifications/tools/list_changed``. :meth:`McpTools.run` submits the call to the
+loop and waits for it with a bound (connect timeout + call timeout + a grace
+second), so no call can hang the calling thread, whatever the server does.
+
+**Pinned definitions.** A tool runs only under a definition a person accepted
+(:mod:`capgate.adapters.tools.mcp.pins`). Every listing is recorded: a changed definition
+quarantines the tool (the gateway's next facts carry it, OPA denies it as
+``tool_quarantined``); a call already running finishes on the version it started
+with. Nothing is sent on a connection before its listing has been read and checked
+against the accepted pins: each connection keeps the digests of what its server
+listed last, a ``notifications/tools/list_changed`` holds every call on it until the
+new listing is read, and a call whose tool the server now shows in another version
+(a server restarted with a changed schema, say) is not sent. The gateway asks
+:meth:`McpTools.definition_digest` before it writes the call's intent, which
+connects, lists and compares, so such a call is refused as ``tool_quarantined`` with
+nothing reserved; the same check runs again in the event loop just before the
+request leaves. The digest it returns names, for the ledger, the definition that
+serves the call, and is pinned for the operation. Arguments are checked against the
+accepted input schema before anything is sent (the dispatcher already checked them
+against the catalogue contract's), structured results against the accepted output
+schema.
+
+**Unplaced tools.** With ``unplaced=True`` (the ``MCP_SERVERS`` gate of
+:func:`capgate.adapters.tools.gate.tool_registry`) the adapter also runs the catalogue tools that
+name no ``upstream``, on the configured server where a tool of the same name was
+accepted as that catalogue tool; until one is, such a tool is quarantined like any
+other upstream tool. Adapters before it in a registry (the in-process tools) keep
+the tools they hold.
+
+**Outcomes.** Failing to start or reach a server, or finding that it shows another
+definition of the tool (nothing sent), is ``ToolRetryable``. A timeout, a server
+that dies mid-call, an answer that breaks the protocol or the output schema (the
+call may have had its effect) is ``ToolRetryable`` for a ``read`` contract and
+``ToolUnknown`` for any tool that changes the world, idempotent or not: only a
+lookup can say it did not happen, and the budget it reserved stays held until then. A JSON-RPC
+refusal of the call (unknown tool, invalid parameters) and a tool error
+(``isError``) are ``ToolRefused``. Error text quotes no tool output or server
+message beyond a tool error's own text, which stays on the outcome only.
+
+**Output is data.** Structured content is returned as the result (validated
+against the accepted output schema, then by the dispatcher against the contract's);
+without it, the content blocks are returned as ``{"content": [...], "untrusted":
+true}``. Nothing here interprets output, and it never reaches OPA's input.
+
+**No lookup.** McpTools does not implement
+:class:`~capgate.gateway.tools.contract.SupportsLookup`: MCP has no standard way to ask a
+server what an earlier call did (``tools/call`` carries no operation id a server
+must remember, and a server's tasks are not a receipt store). So an ``unknown``
+outcome of a ``not_idempotent`` upstream tool is never sent again by the gateway;
+an ``idempotent_with_key`` tool receives its key in the request's ``_meta``
+(``io.capgate/idempotency-key``) and may be repeated.
+
+**Credentials** are not forwarded: an upstream server acts with its own
+configuration. The connection alias still gates which tools are callable; the
+resolved secret stays in the gateway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn, TextIO
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import mcp_types as types
+from anyio.from_thread import BlockingPortal
+from jsonschema import validators as jsonschema_validators
+from jsonschema.exceptions import SchemaError
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from referencing import Registry
+
+from capgate.adapters.tools.mcp.config import ServerSpec, UpstreamConfigError, UpstreamUnavailable
+from capgate.adapters.tools.mcp.definitions import tool_definition
+from capgate.adapters.tools.mcp.pins import record_listing
+from capgate.gateway.errors import InvalidInput, cut, quote
+from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
+from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
+from capgate.gateway.state.records import PinRecord, PinStatus, definition_digest
+from capgate.gateway.state.store import Store
+from capgate.gateway.tools.contract import CallContext, DefinitionChanged
+from capgate.gateway.tools.registry import require_catalogue_names
+from capgate.gateway.version import __version__
+
+__all__ = ["IDEMPOTENCY_META_KEY", "McpTools"]
+
+log = logging.getLogger("capgate.mcp")
+
+#: Where a call's idempotency key travels: the tools/call request's ``_meta``.
+IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
+#: Pages of tools/list read per listing (the SDK's own cap for a re-list).
+MAX_PAGES: Final = 100
+#: Operations whose definition the gateway pinned and whose run has not started.
+MAX_PINNED_OPERATIONS: Final = 4096
+#: How long close() waits for the servers to stop, per server and in all.
+CLOSE_TIMEOUT: Final = 10.0
+#: The JSON-RPC codes with which a server refuses a call it did not run.
+_REFUSED_CODES: Final = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
+
+
+class _NotSent(Exception):
+    """The call never left: the server could not be started or reached."""
+
+
+class _Changed(Exception):
+    """The call never left: the server's listing shows another definition of the tool
+    than the one the call was to run under (or no longer lists it)."""
+
+
+#: What a connection's digests say of a tool its server does not list.
+_NOT_LISTED: Final = "not listed"
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One server's session, owned by one task in the loop."""
+
+    spec: ServerSpec
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    relist: anyio.Event = field(default_factory=anyio.Event)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    client: Client | None = None
+    error: str | None = None
+    alive: bool = False
+    #: The digest of each tool's definition in the server's last listing on this
+    #: connection, by upstream tool name.
+    definitions: dict[str, str] = field(default_factory=dict)
+    #: Set while ``definitions`` is the server's latest listing; replaced by an unset
+    #: event when the server says its list changed, until the new one is read. Calls
+    #: on the connection wait for it: nothing is sent under a listing known stale.
+    current: anyio.Event = field(default_factory=anyio.Event)
+    #: How many times the server said its list changed; a listing begun before the
+    #: last of them does not make ``definitions`` current.
+    changes: int = 0
+
+    def stale(self) -> None:
+        """The server's list changed: hold calls until it is read again."""
+        self.changes += 1
+        self.relist.set()
+        if self.current.is_set():
+            self.current = anyio.Event()
+
+
+class _Loop:
+    """One event loop in one daemon thread, reached through a blocking portal."""
+
+    def __init__(self, name: str) -> None:
+        self._ready = threading.Event()
+        self._portal: BlockingPortal | None = None
+        self.tasks: anyio.abc.TaskGroup | None = None
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30) or self._portal is None:
+            raise RuntimeError(f"the MCP event loop did not start ({self._failure!r})")
+
+    def _main(self) -> None:
+        async def main() -> None:
+            async with BlockingPortal() as portal, anyio.create_task_group() as tasks:
+                self._portal, self.tasks = portal, tasks
+                self._ready.set()
+                await portal.sleep_until_stopped()
+                tasks.cancel_scope.cancel()
+
+        try:
+            anyio.run(main)
+        except BaseException as exc:  # pragma: no cover - reported by __init__ or stop
+            self._failure = exc
+        finally:
+            self._ready.set()
+
+    @property
+    def portal(self) -> BlockingPortal:
+        if self._portal is None or not self._thread.is_alive():
+            raise RuntimeError("the MCP event loop is not running")
+        return self._portal
+
+    def stop(self, timeout: float) -> None:
+        portal = self._portal
+        if portal is not None and self._thread.is_alive():
+            try:
+                portal.start_task_soon(portal.stop, True).result(timeout)
+            except Exception as exc:  # already stopping, or too slow: the thread is a daemon
+                log.debug("stopping the MCP event loop: %s", type(exc).__name__)
+        self._thread.join(timeout)
+
+
+_LIVE: weakref.WeakSet[McpTools] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
+    for tools in list(_LIVE):
+        tools.close()
+
+
+class McpTools:
+    """Runs catalogue tools that name an ``upstream`` on the configured MCP servers.
+
+    ``servers`` are the gate's (:func:`capgate.adapters.tools.mcp.config.servers_from_env`);
+    ``store`` is the gateway's, where definitions are pinned and accepted.
+    ``call_timeout`` bounds one call once connected; ``connect_timeout`` bounds
+    starting a server and its handshake. A server's stderr goes to ``errlog``
+    (default: discarded). ``mode="legacy"`` skips the 2026-07-28 ``server/discover``
+    probe and always uses the ``initialize`` handshake (for a server whose probe
+    misbehaves). With ``unplaced``, the catalogue tools that name no ``upstream`` run
+    here too, on the server where a tool of their name was accepted as them (see the
+    module doc). Close it (or use it as a context manager) to stop the
+    servers; at interpreter exit every open McpTools is closed.
+    """
+
+    def __init__(
+        self,
+        catalogue: Catalogue | None,
+        servers: Iterable[ServerSpec],
+        store: Store,
+        *,
+        call_timeout: float = 30.0,
+        connect_timeout: float = 15.0,
+        errlog: TextIO | None = None,
+        mode: str = "auto",
+        unplaced: bool = False,
+    ) -> None:
+        self.servers: dict[str, ServerSpec] = {}
+        for spec in servers:
+            if not isinstance(spec, ServerSpec):
+                raise UpstreamConfigError(f"a server is a ServerSpec, not a {type(spec).__name__}")
+            if spec.id in self.servers:
+                raise UpstreamConfigError(f"two servers have the id {quote(spec.id)}")
+            self.servers[spec.id] = spec
+        for name, value in (("call_timeout", call_timeout), ("connect_timeout", connect_timeout)):
+            if (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not 0 < value < 3600
+            ):
+                raise UpstreamConfigError(f"{name} must be a number of seconds, above 0")
+        if mode not in ("auto", "legacy"):
+            raise UpstreamConfigError("mode is 'auto' (negotiate the protocol era) or 'legacy'")
+        self.store = store
+        self.mode = mode
+        self.call_timeout = float(call_timeout)
+        self.connect_timeout = float(connect_timeout)
+        self._errlog = errlog
+        self._targets: dict[str, ToolContract] = {}
+        if catalogue is not None:
+            for contract in catalogue.tools.values():
+                upstream = contract.upstream
+                if (upstream is None and unplaced and self.servers) or (
+                    upstream is not None and upstream.server in self.servers
+                ):
+                    self._targets[contract.name] = contract
+                    self._targets[contract.dispatch_action] = contract
+            require_catalogue_names(self._targets, catalogue.runnable_names())
+        self._lock = threading.Lock()
+        self._loop: _Loop | None = None
+        self._connections: dict[str, _Connection] = {}
+        self._connecting: dict[str, anyio.Lock] = {}
+        #: operation id -> (tool, the pin it runs under, why its server could not be
+        #: reached when the gateway asked, or None)
+        self._pinned: OrderedDict[str, tuple[str, PinRecord, str | None]] = OrderedDict()
+        self._closed = False
+        self._ids = itertools.count(1)
+        _LIVE.add(self)
+
+    # -- the Adapter protocol --------------------------------------------------------------
+
+    def names(self) -> Iterable[str]:
+        return sorted(self._targets)
+
+    def has(self, name: str) -> bool:
+        return name in self._targets
+
+    def describe(self, name: str) -> str | None:
+        """The catalogue's reviewed description, never the one a server announces."""
+        contract = self._targets.get(name)
+        return contract.description if contract is not None else None
+
+    def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
+        """Call the tool on its server under its accepted definition; see the module doc."""
+        contract = self._targets[name]
+        pin, unreached = self._pin_for(name, context.operation_id)
+        definition = pin.accepted_definition if pin is not None else None
+        if pin is None or definition is None or pin.catalogue_tool != contract.name:
+            raise ToolRefused(
+                f"tool {contract.name!r} has no upstream definition accepted as it; "
+                "nothing was sent"
+            )
+        server, tool = pin.server, pin.tool
+        if unreached is not None:  # just now, before the intent: not tried a second time
+            raise ToolRetryable(
+                f"server {server!r} could not be reached or listed ({unreached}); nothing was sent",
+                retry_after_seconds=5,
+            )
+        problem = _schema_problem(definition.get("inputSchema"), dict(params))
+        if problem is not None:
+            raise ToolRefused(
+                f"the arguments do not fit the accepted input schema of tool {tool!r} "
+                f"of server {server!r} ({problem}); nothing was sent"
+            )
+        meta = {IDEMPOTENCY_META_KEY: context.idempotency_key} if context.idempotency_key else None
+        bound = self.connect_timeout + 2 * self.call_timeout + 1.0
+        try:
+            future = self._submit(self._call, server, tool, dict(params), meta, pin.accepted_digest)
+            result: types.CallToolResult = future.result(bound)
+        except _NotSent as exc:
+            raise ToolRetryable(
+                f"server {server!r} could not be reached or listed ({exc}); nothing was sent",
+                retry_after_seconds=5,
+            ) from None
+        except _Changed:
+            raise ToolRetryable(
+                f"server {server!r} now shows a definition of tool {tool!r} other than the "
+                "accepted one; nothing was sent, and the tool is quarantined until a person "
+                "reviews the new definition"
+            ) from None
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            future.cancel()
+            self._after_send(contract, f"no answer within {self.call_timeout:g}s")
+        except MCPError as exc:
+            if exc.code in _REFUSED_CODES:
+                raise ToolRefused(
+                    f"server {server!r} refused the call (JSON-RPC error {exc.code})"
+                ) from None
+            if exc.code == types.CONNECTION_CLOSED:
+                self._drop(server)
+                self._after_send(contract, "the server closed the connection during the call")
+            self._after_send(contract, f"the server answered JSON-RPC error {exc.code}")
+        except ValidationError:
+            self._after_send(contract, "the server's answer is not a valid MCP result")
+        except RuntimeError as exc:
+            # The SDK checks structured content against the schema the server lists.
+            if "structured content" in str(exc):
+                self._after_send(contract, "the result does not fit the tool's output schema")
+            self._after_send(contract, f"the call failed ({type(exc).__name__})")
+        except Exception as exc:
+            self._after_send(contract, f"the call failed ({type(exc).__name__})")
+        return self._result(contract, definition, result)
+
+    def quarantined(self, names: Collection[str], pins: Sequence[PinRecord]) -> set[str]:
+        """Those of ``names`` whose pin is not accepted as that very catalogue tool (for
+        an unplaced tool: no configured server has one accepted as it)."""
+        quarantined = set()
+        for name in names:
+            contract = self._targets.get(name)
+            pin = self._placed_pin(contract, pins) if contract is not None else None
+            if (
+                contract is None
+                or pin is None
+                or pin.status is not PinStatus.ACCEPTED
+                or pin.catalogue_tool != contract.name
+            ):
+                quarantined.add(name)
+        return quarantined
+
+    def definition_digest(self, name: str, operation_id: str | None = None) -> str | None:
+        """The digest of the accepted definition ``name`` runs under, or None.
+
+        Connects to the tool's server if no session is open (its listing is read and
+        recorded on connecting) and compares what the server shows now with the
+        accepted definition: DefinitionChanged if they differ, or if the server no
+        longer lists the tool. A server that cannot be reached is not compared here:
+        its run is then ``retryable`` at once (nothing sent), rather than waiting for a
+        second connect. Given an operation id, that definition is pinned for the
+        operation: its run uses exactly it, even if a person accepts another version
+        meanwhile.
+        """
+        contract = self._targets.get(name)
+        if contract is None:
+            return None
+        pin = self._read_pin(contract)
+        if pin is None or pin.accepted_digest is None:
+            return None
+        shown, unreached = self._shown(pin.server, pin.tool)
+        if shown is not None and shown != pin.accepted_digest:
+            raise DefinitionChanged(
+                f"server {pin.server!r} shows a definition of tool {pin.tool!r} other than "
+                "the accepted one"
+            )
+        if operation_id is not None:
+            with self._lock:
+                self._pinned[operation_id] = (name, pin, unreached)
+                self._pinned.move_to_end(operation_id)
+                while len(self._pinned) > MAX_PINNED_OPERATIONS:
+                    self._pinned.popitem(last=False)
+        return pin.accepted_digest if pin is not None else None
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def discover(self, server_ids: Iterable[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Connect to the servers (all, or those named), list and record their tools.
+
+        Returns each server's listing (the tools' JSON, wire names); a server that
+        cannot be reached raises UpstreamUnavailable naming it. Used by ``capgate mcp
+        discover``; the adapter also lists on every connect and list change.
+        """
+        listings = {}
+        for server_id in server_ids if server_ids is not None else sorted(self.servers):
+            if server_id not in self.servers:
+                raise UpstreamConfigError(f"no configured server has the id {quote(server_id)}")
+            bound = self.connect_timeout + self.call_timeout + 1.0
+            try:
+                listings[server_id] = self._submit(self._discover, server_id).result(bound)
+            except (_NotSent, TimeoutError, concurrent.futures.TimeoutError, MCPError) as exc:
+                raise UpstreamUnavailable(
+                    f"server {server_id!r} could not be listed ({_why(exc)})"
+                ) from None
+        return listings
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every server session and the event loop (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        try:
+            loop.portal.start_task_soon(self._stop_all).result(CLOSE_TIMEOUT)
+        except Exception as exc:
+            log.debug("stopping MCP sessions: %s", type(exc).__name__)
+        loop.stop(CLOSE_TIMEOUT)
+
+    def __enter__(self) -> McpTools:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<McpTools servers={sorted(self.servers)} tools={len(self._targets)}>"
+
+    # -- inside the calling thread ---------------------------------------------------------
+
+    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise _NotSent("the adapter is closed")
+            if self._loop is None:
+                try:
+                    self._loop = _Loop(f"capgate-mcp-{next(self._ids)}")
+                except RuntimeError as exc:
+                    raise _NotSent(str(exc)) from None
+            loop = self._loop
+        try:
+            return loop.portal.start_task_soon(fn, *args)
+        except RuntimeError as exc:  # the loop stopped
+            raise _NotSent(str(exc)) from None
+
+    def _read_pin(self, contract: ToolContract) -> PinRecord | None:
+        upstream = contract.upstream
+        with self.store.transaction(read_only=True) as tx:
+            if upstream is not None:
+                return tx.get_pin(upstream.server, upstream.tool)
+            return self._placed_pin(contract, tx.pins())
+
+    def _placed_pin(self, contract: ToolContract, pins: Sequence[PinRecord]) -> PinRecord | None:
+        """The pin a catalogue tool runs under: its ``upstream``'s, whatever its status;
+        for an unplaced tool, the one pin of a configured server's tool of its name
+        accepted as it (none, or one on each of two servers: no placement)."""
+        upstream = contract.upstream
+        if upstream is not None:
+            return next(
+                (p for p in pins if (p.server, p.tool) == (upstream.server, upstream.tool)), None
+            )
+        placed = [
+            pin
+            for pin in pins
+            if pin.server in self.servers
+            and pin.tool == contract.name
+            and pin.catalogue_tool == contract.name
+            and pin.accepted_digest is not None
+        ]
+        return placed[0] if len(placed) == 1 else None
+
+    def _shown(self, server_id: str, tool: str) -> tuple[str | None, str | None]:
+        """The digest of ``tool`` in the server's latest listing (connecting first if
+        need be; :data:`_NOT_LISTED` if it lists no such tool), or None and why the
+        server could not be reached or listed within the bounds."""
+        if server_id not in self.servers:
+            return None, None
+        bound = self.connect_timeout + self.call_timeout + 1.0
+        try:
+            shown: str = self._submit(self._current_digest, server_id, tool).result(bound)
+        except (_NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
+            log.info("server=%s: no listing to compare before the call (%s)", server_id, _why(exc))
+            return None, _why(exc) if isinstance(exc, _NotSent) else "no listing within the bound"
+        except Exception as exc:
+            log.warning("server=%s: listing not compared (%s)", server_id, _why(exc))
+            return None, _why(exc)
+        return shown, None
+
+    def _pin_for(self, name: str, operation_id: str) -> tuple[PinRecord | None, str | None]:
+        """The pin ``name`` runs under for the operation, and why its server was found
+        unreachable when the gateway asked (None: it was not)."""
+        with self._lock:
+            pinned = self._pinned.pop(operation_id, None)
+        if pinned is not None and pinned[0] == name:
+            return pinned[1], pinned[2]
+        return self._read_pin(self._targets[name]), None
+
+    def _after_send(self, contract: ToolContract, why: str) -> NoReturn:
+        """The call may have had its effect: retryable only for a read, which has none.
+
+        A tool that changes the world is unknown even when repeating it is harmless:
+        retryable would say nothing happened, and release the budget of an effect
+        that may have taken place."""
+        if contract.mode is Mode.READ:
+            raise ToolRetryable(f"{why}; a read may be repeated", retry_after_seconds=1)
+        raise ToolUnknown(f"{why}; the call may or may not have had its effect")
+
+    def _result(
+        self, contract: ToolContract, definition: Mapping[str, Any], result: types.CallToolResult
+    ) -> dict[str, Any]:
+        if result.is_error:
+            texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+            raise ToolRefused(cut("\n".join(texts) or "the tool reported an error", 2000))
+        output_schema = definition.get("outputSchema")
+        structured = result.structured_content
+        if structured is not None:
+            problem = _schema_problem(output_schema, structured) if output_schema else None
+            if problem is not None:
+                self._after_send(contract, f"the result does not fit the accepted output schema "
+                                           f"({problem})")  # fmt: skip
+            return dict(structured)
+        if output_schema:
+            self._after_send(contract, "the accepted definition has an output schema and the "
+                                       "result no structured content")  # fmt: skip
+        blocks = [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                  for block in result.content]  # fmt: skip
+        return {"content": blocks, "untrusted": True}
+
+    def _drop(self, server_id: str) -> None:
+        try:
+            self._submit(self._stop_one, server_id).result(CLOSE_TIMEOUT)
+        except Exception as exc:
+            log.debug("dropping server=%s: %s", server_id, type(exc).__name__)
+
+    # -- inside the event loop -------------------------------------------------------------
+
+    async def _call(
+        self,
+        server_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        accepted: str | None,
+    ) -> types.CallToolResult:
+        connection = await self._connected(server_id)
+        # Checked in the loop, with no await between the check and the request: what
+        # the connection last listed is what this call is sent under.
+        if await self._listed(connection, tool) != accepted:
+            raise _Changed
+        client = connection.client
+        assert client is not None
+        with anyio.fail_after(self.call_timeout):
+            return await client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
+
+    async def _current_digest(self, server_id: str, tool: str) -> str:
+        return await self._listed(await self._connected(server_id), tool)
+
+    async def _listed(self, connection: _Connection, tool: str) -> str:
+        """The digest of ``tool`` in the connection's listing once it is current
+        (:data:`_NOT_LISTED` if the server does not list it); _NotSent if no current
+        listing is read within the call timeout."""
+        with anyio.move_on_after(self.call_timeout):
+            while not connection.current.is_set():
+                await connection.current.wait()
+        if not connection.current.is_set() or not connection.alive:
+            raise _NotSent("the server's changed tool list could not be read again")
+        return connection.definitions.get(tool, _NOT_LISTED)
+
+    async def _discover(self, server_id: str) -> list[dict[str, Any]]:
+        connection = await self._connected(server_id)
+        assert connection.client is not None
+        return await self._relist(connection, connection.client, "capgate mcp discover")
+
+    async def _connected(self, server_id: str) -> _Connection:
+        """The server's live session, started now if there is none (bounded)."""
+        lock = self._connecting.setdefault(server_id, anyio.Lock())
+        async with lock:
+            connection = self._connections.get(server_id)
+            if connection is not None and connection.alive and connection.client is not None:
+                if not _closed(connection.client):
+                    return connection
+                connection.stop.set()  # the server went away between calls: start anew
+            connection = _Connection(self.servers[server_id])
+            self._connections[server_id] = connection
+            loop = self._loop
+            assert loop is not None
+            assert loop.tasks is not None
+            loop.tasks.start_soon(self._serve, connection)
+            with anyio.move_on_after(self.connect_timeout):
+                await connection.ready.wait()
+            if connection.client is None or not connection.alive:
+                connection.scope.cancel()
+                connection.stop.set()
+                self._connections.pop(server_id, None)
+                raise _NotSent(connection.error or f"no session within {self.connect_timeout:g}s")
+            return connection
+
+    async def _serve(self, connection: _Connection) -> None:
+        """Hold one server's session open until told to stop; never raises."""
+        spec = connection.spec
+        try:
+            with connection.scope:
+                async with AsyncExitStack() as stack:
+                    client = Client(
+                        await self._transport(stack, spec),
+                        message_handler=self._on_message(connection),
+                        client_info=types.Implementation(name="capgate", version=__version__),
+                        cache=None,
+                        mode=self.mode,
+                    )
+                    await stack.enter_async_context(client)
+                    # Read, recorded and current before the connection is handed out:
+                    # no call goes on a connection whose listing was not checked.
+                    await self._relist(connection, client, "adapter")
+                    connection.client, connection.alive = client, True
+                    log.info(
+                        "connected server=%s transport=%s protocol=%s",
+                        spec.id,
+                        spec.transport,
+                        client.protocol_version,
+                    )
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(self._relister, connection, client)
+                        capability = client.server_capabilities.tools
+                        if capability is not None and capability.list_changed:
+                            tasks.start_soon(self._listen, connection, client)
+                        connection.ready.set()
+                        await connection.stop.wait()
+                        tasks.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            raise  # the loop is stopping
+        except Exception as exc:  # a server that failed to start, or died: logged, not raised
+            connection.error = _why(exc)
+            log.warning("server=%s session ended: %s", spec.id, connection.error)
+        finally:
+            connection.alive = False
+            connection.ready.set()
+            connection.current.set()  # wakes calls waiting on it: they find it dead
+            if self._connections.get(spec.id) is connection:
+                del self._connections[spec.id]
+
+    async def _transport(self, stack: AsyncExitStack, spec: ServerSpec) -> Any:
+        if spec.url is not None:
+            import httpx2
+
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(
+                    trust_env=False,  # no proxy from the environment: loopback only
+                    follow_redirects=False,
+                    timeout=httpx2.Timeout(self.connect_timeout, read=300.0),
+                )
+            )
+            return streamable_http_client(spec.url, http_client=http)
+        errlog = self._errlog
+        if errlog is None:
+            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+        # The SDK starts the server with a minimal environment (HOME, PATH, ...), never
+        # the gateway's own: no credential of the gateway's reaches a server that way.
+        params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]))
+        return stdio_client(params, errlog=errlog)
+
+    def _on_message(self, connection: _Connection) -> Any:
+        async def handle(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                connection.stale()
+            elif isinstance(message, Exception):  # a transport fault: its type only
+                log.debug("server=%s transport: %s", connection.spec.id, type(message).__name__)
+
+        return handle
+
+    async def _listen(self, connection: _Connection, client: Client) -> None:
+        """On a 2026-07-28 connection, list changes arrive on a listen stream.
+
+        There is no replay: after the stream ends, the tools are listed again (a change
+        may have been missed) and a new stream is opened, once a second at most.
+        """
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return  # handshake era: notifications come unasked, through the handler
+        while not connection.stop.is_set() and not _closed(client):
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    async for _event in subscription:
+                        connection.stale()
+            except Exception as exc:
+                log.debug("server=%s listen ended: %s", connection.spec.id, type(exc).__name__)
+            connection.stale()
+            await anyio.sleep(1.0)
+
+    async def _relister(self, connection: _Connection, client: Client) -> None:
+        while True:
+            await connection.relist.wait()
+            connection.relist = anyio.Event()
+            try:
+                await self._relist(connection, client, "adapter")
+            except Exception as exc:
+                # Calls wait for a current listing that will not come: end the session,
+                # so they fail as not sent and the next call connects and lists anew.
+                log.warning("server=%s re-list failed: %s", connection.spec.id, _why(exc))
+                connection.stop.set()
+
+    async def _relist(
+        self, connection: _Connection, client: Client, source: str
+    ) -> list[dict[str, Any]]:
+        """List the server's tools, record the listing, and make it the connection's
+        current one unless the server said its list changed again meanwhile."""
+        changes = connection.changes
+        with anyio.fail_after(self.call_timeout):
+            tools = await self._list(client)
+        await anyio.to_thread.run_sync(self._record, connection.spec.id, tools, source)
+        connection.definitions = _digests(tools)
+        if connection.changes == changes:
+            connection.current.set()
+        return tools
+
+    async def _list(self, client: Client) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(
+                tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for tool in page.tools
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return tools
+
+    def _record(self, server_id: str, tools: list[dict[str, Any]], source: str) -> None:
+        record_listing(self.store, server_id, tools, source=source)
+
+    async def _stop_one(self, server_id: str) -> None:
+        connection = self._connections.pop(server_id, None)
+        if connection is not None:
+            connection.stop.set()
+
+    async def _stop_all(self) -> None:
+        connections = list(self._connections.values())
+        self._connections.clear()
+        for connection in connections:
+            connection.stop.set()
+        with anyio.move_on_after(CLOSE_TIMEOUT):
+            for connection in connections:
+                while connection.alive:
+                    await anyio.sleep(0.02)
+
+
+def _digests(tools: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The digest of each listed tool's definition, by name, as its pin computes it; a
+    tool that cannot be pinned has none (calls of it are refused as changed)."""
+    digests: dict[str, str] = {}
+    for tool in tools:
+        try:
+            definition = tool_definition(tool)
+        except InvalidInput:
+            continue
+        digests[definition["name"]] = definition_digest(definition)
+    return digests
+
+
+def _closed(client: Client) -> bool:
+    """Whether the session's connection is known to be gone (the server exited, the
+    HTTP session ended). Read from the SDK's dispatcher; unknown counts as open, and
+    a call on a closed connection then fails as any other would."""
+    try:
+        session = client.session
+    except RuntimeError:  # the client has left its context: no session at all
+        return True
+    dispatcher = getattr(session, "_dispatcher", None)
+    return getattr(dispatcher, "_closed", False) is True
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, without any text a server chose (it may be anything)."""
+    if isinstance(exc, _NotSent):
+        return str(exc)
+    if isinstance(exc, MCPError):
+        return f"JSON-RPC error {exc.code}"
+    if isinstance(exc, BaseExceptionGroup):
+        return ", ".join(sorted({_why(inner) for inner in exc.exceptions}))
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__
+
+
+def _schema_problem(schema: object, value: Any) -> str | None:
+    """Where ``value`` breaks an accepted upstream schema: a path and a rule, no values.
+
+    The schema is the server's, accepted by a person: evaluated with the draft it
+    names (2020-12 when none), with no reference resolved outside it, formats read
+    as annotations. A schema that cannot be evaluated is a problem itself.
+    """
+    if not isinstance(schema, dict):
+        return None if schema is None else "the accepted schema is not an object"
+    try:
+        cls = jsonschema_validators.validator_for(
+            schema, default=jsonschema_validators.Draft202012Validator
+        )
+        cls.check_schema(schema)
+        validator = cls(schema, registry=Registry())
+        errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
+    except SchemaError:
+        return "the accepted schema is not a valid JSON Schema"
+    except Exception as exc:  # an unresolvable reference, a recursion too deep
+        return f"the accepted schema cannot be evaluated ({type(exc).__name__})"
+    if not errors:
+        return None
+    first = errors[0]
+    where = "/".join(str(part) for part in first.absolute_path) or "(top level)"
+    return f"at {quote(where)}: fails the schema's {quote(str(first.validator), 40)} rule"

@@ -1,0 +1,385 @@
+"""``capgate proposals``: list, show, approve and reject what agents proposed.
+
+``show`` prints a proposal exactly as it will be dispatched: every parameter as
+JSON (terminal-safe, see :mod:`capgate.cli.commands.common`), the digest an approval
+binds (checked against the parameters shown), the operation id, the proposer, the
+status and its reasons, every review, and the operation's outcome once dispatched.
+
+``approve`` and ``reject`` go through :meth:`gateway.Gateway.review`: OPA's review
+policy (``capgate.review``) decides whether this reviewer may give this verdict, and
+a refusal exits 3 with its reason codes, as ``capgate eval`` does for a deny. The
+command line does not authenticate anyone: it records the reviewer the person at
+the keyboard names, so whoever may run it against the store may approve as anyone
+(as whoever can write the store could). A service that reviewers log in to should
+call ``Gateway.review`` with the identity it authenticated.
+
+There is no ``dispatch`` command: dispatching runs the tool, so it belongs to the
+execution service that holds the tool adapters and the credentials
+(:meth:`gateway.Gateway.dispatch`), which asks OPA once more with the facts of that
+moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from capgate.cli.commands.common import (
+    EXIT_DENIED,
+    EXIT_ERROR,
+    EXIT_OK,
+    STORE_EXITS,
+    Actions,
+    add_action,
+    add_group,
+    add_json,
+    identifier,
+    opened_store,
+    print_json,
+    safe,
+    shown,
+    table,
+    ttl,
+    when,
+)
+from capgate.cli.commands.state import require_tenant
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.digest import params_digest
+from capgate.gateway.errors import CapabilityViolation, CapgateError
+from capgate.gateway.model.facts import Principal
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state.errors import UnknownProposal
+from capgate.gateway.state.records import (
+    OperationRecord,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    ReviewVerdict,
+)
+from capgate.gateway.tools.registry import ToolRegistry
+
+__all__ = ["register"]
+
+_DISPATCH_NOTE: Final = (
+    "Dispatch is not a command: it runs the tool, so it belongs to the execution service "
+    "that holds the tool adapters and credentials (Gateway.dispatch), which asks OPA again "
+    "with the facts of that moment."
+)
+
+#: The one line ``show`` and ``approve`` print for an approved proposal.
+_NEXT: Final = "the execution service dispatches it (Gateway.dispatch), not this command"
+
+_REVIEW_EXITS: Final = (
+    (EXIT_OK, "the verdict was recorded"),
+    (EXIT_ERROR, "error: bad input, unknown proposal or tenant, catalogue, store or OPA"),
+    (EXIT_DENIED, "the review policy refused this reviewer's verdict (reason codes printed)"),
+)
+
+
+def _digest_matches(proposal: ProposalRecord) -> bool:
+    try:
+        return params_digest(proposal.params) == proposal.params_digest
+    except CapgateError:
+        return False
+
+
+def _load(
+    args: argparse.Namespace, proposal_id: str
+) -> tuple[ProposalRecord, list[ReviewRecord], OperationRecord | None, dict[str, str]]:
+    """The proposal, its reviews, its operation, and the status now of each operation
+    it had the content of when proposed (its unsettled twins)."""
+    with opened_store(args) as store, store.transaction(read_only=True) as tx:
+        proposal = tx.get_proposal(proposal_id)
+        if proposal is None:
+            raise UnknownProposal(proposal_id)
+        reviews = tx.reviews(proposal_id)
+        operation = tx.get_operation(proposal.tenant, proposal.operation_id)
+        twins = {}
+        for twin_id in proposal.unsettled_twins:
+            twin = tx.get_operation(proposal.tenant, twin_id)
+            twins[twin_id] = (
+                "gone"
+                if twin is None
+                else str((twin.outcome or {}).get("status", twin.status.value))
+            )
+    return proposal, reviews, operation, twins
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace) -> int:
+    tenant = None if args.tenant is None else identifier(args.tenant, "--tenant")
+    status = None if args.status is None else ProposalStatus(args.status)
+    with opened_store(args) as store, store.transaction(read_only=True) as tx:
+        if tenant is not None:
+            require_tenant(tx, tenant)
+        proposals = tx.list_proposals(tenant=tenant, status=status)
+    if args.json:
+        print_json([p.model_dump(mode="json") for p in proposals])
+        return EXIT_OK
+    if not proposals:
+        print("(no proposals)")
+        return EXIT_OK
+    table(
+        ["PROPOSAL", "STATUS", "TENANT", "TOOL", "PROPOSER", "CREATED", "REASONS"],
+        [
+            [
+                p.id,
+                p.status.value,
+                p.tenant,
+                p.tool,
+                f"{p.proposer.agent}/{p.proposer.role}",
+                when(p.created_at, seconds=True),
+                safe(", ".join(p.reason_codes))
+                or ("same content as unsettled " + ", ".join(p.unsettled_twins))
+                if p.reason_codes or p.unsettled_twins
+                else "-",
+            ]
+            for p in proposals
+        ],
+    )
+    return EXIT_OK
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+def _review_line(review: ReviewRecord, now: datetime) -> str:
+    who = f"{review.reviewer.agent} (role {review.reviewer.role}, tenant {review.reviewer.tenant})"
+    line = f"{review.id}: {review.verdict.value} by {who} at {when(review.created_at)}"
+    if review.verdict is ReviewVerdict.APPROVED:
+        state = (
+            f"used at {when(review.consumed_at)}"
+            if review.consumed_at is not None
+            else ("expired" if review.expires_at <= now else "not used yet")
+        )
+        line += f"; expires {when(review.expires_at)} ({state})"
+    return line + f"; decision {review.decision_id or '-'}"
+
+
+def _show(args: argparse.Namespace) -> int:
+    proposal_id = identifier(args.proposal, "PROPOSAL")
+    proposal, reviews, operation, twins = _load(args, proposal_id)
+    matches = _digest_matches(proposal)
+    if args.json:
+        print_json(
+            {
+                "proposal": proposal.model_dump(mode="json"),
+                "digest_matches_params": matches,
+                "reviews": [r.model_dump(mode="json") for r in reviews],
+                "operation": None if operation is None else operation.model_dump(mode="json"),
+                "unsettled_twins": twins,
+            }
+        )
+        return EXIT_OK
+    p = proposal
+    task = p.task
+    fields = [
+        ("status", p.status.value),
+        ("reasons", safe(", ".join(p.reason_codes)) or "(none)"),
+        ("tenant", p.tenant),
+        ("proposer", f"{p.proposer.agent} (role {p.proposer.role}, tenant {p.proposer.tenant})"),
+        ("task", f"{p.task_id} ({safe(task.get('type', '?'))})"),
+        ("linked", shown(task.get("linked_resources", []))),
+        ("environment", p.environment),
+        ("tool", f"{p.tool} v{p.contract_version}, dispatched as {p.execution_action}"),
+        ("operation", p.operation_id),
+        ("decision", p.decision_id or "-"),
+        ("created", when(p.created_at)),
+        ("updated", when(p.updated_at)),
+        (
+            "digest",
+            f"{p.params_digest} "
+            + (
+                "(matches the parameters below)"
+                if matches
+                else "(DOES NOT MATCH the parameters below: the store was altered)"
+            ),
+        ),
+    ]
+    print(f"proposal {p.id}")
+    for name, value in fields:
+        print(f"  {name + ':':<13}{value}")
+    if twins:
+        print(
+            "  WARNING:     when proposed, operation(s) with exactly this content had no "
+            "settled outcome; approving may do it twice. Now: "
+            + ", ".join(f"{twin_id} {safe(status)}" for twin_id, status in twins.items())
+        )
+    print("  parameters, exactly as they will be sent (JSON values):")
+    for name in sorted(p.params):
+        print(f"    {safe(name)}: {shown(p.params[name])}")
+    now = datetime.now(UTC)
+    print("  reviews:" + ("" if reviews else " (none)"))
+    for review in reviews:
+        print(f"    {_review_line(review, now)}")
+    if operation is not None:
+        outcome: dict[str, Any] = operation.outcome or {}
+        status = outcome.get("status", operation.status.value)
+        receipt = outcome.get("provider_receipt")
+        print(
+            f"  outcome:     {safe(status)}"
+            + (f", receipt {shown(receipt)}" if receipt is not None else "")
+            + f" ({operation.attempts} attempt(s); `capgate ledger show --operation "
+            f"{p.operation_id}` for the whole chain)"
+        )
+    if p.status is ProposalStatus.APPROVED:
+        print(f"  next:        {_NEXT}")
+    return EXIT_OK
+
+
+# -- approve, reject ---------------------------------------------------------------------------
+
+
+def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
+    proposal_id = identifier(args.proposal, "PROPOSAL")
+    reviewer = Principal(
+        agent=identifier(args.reviewer, "--reviewer"),
+        role=identifier(args.role, "--role"),
+        tenant=identifier(args.tenant, "--tenant"),
+    )
+    lifetime = ttl(args.ttl) if getattr(args, "ttl", None) is not None else None
+    catalogue = load_catalogue(args.catalogue)
+    with opened_store(args) as store:
+        # Facts of the store, before OPA is started: an unknown proposal or tenant is
+        # an input error, not a policy question.
+        with store.transaction(read_only=True) as tx:
+            proposal = tx.get_proposal(proposal_id)
+            if proposal is None:
+                raise UnknownProposal(proposal_id)
+            require_tenant(tx, reviewer.tenant)
+        with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
+            gateway = Gateway(catalogue, sidecar.client, ToolRegistry(), store)
+            try:
+                review = gateway.review(proposal_id, reviewer, verdict, ttl=lifetime)
+            except CapabilityViolation as refusal:
+                return _refused(args, proposal, reviewer, verdict, refusal)
+    digest = compile_catalogue(catalogue)["meta"]["digest"]
+    if args.json:
+        print_json({"allow": True, "review": review.model_dump(mode="json"), "catalogue": digest})
+        return EXIT_OK
+    print(f"{verdict.value} {proposal_id} ({proposal.tool}): review {review.id}")
+    print(f"  reviewer:  {reviewer.agent} (role {reviewer.role}, tenant {reviewer.tenant})")
+    print(f"  decision:  {review.decision_id or '-'} (catalogue {digest})")
+    if verdict is ReviewVerdict.APPROVED:
+        print(
+            f"  binds:     digest {review.digest}, operation {review.operation_id}, "
+            f"tenant {review.tenant}"
+        )
+        print(f"  expires:   {when(review.expires_at)}; good for one dispatch")
+        print(f"  next:      {_NEXT}")
+    return EXIT_OK
+
+
+def _refused(
+    args: argparse.Namespace,
+    proposal: ProposalRecord,
+    reviewer: Principal,
+    verdict: ReviewVerdict,
+    refusal: CapabilityViolation,
+) -> int:
+    reasons = sorted(refusal.reasons, key=lambda r: r.code)
+    if args.json:
+        print_json(
+            {
+                "allow": False,
+                "proposal": proposal.id,
+                "verdict": verdict.value,
+                "decision_id": refusal.decision_id,
+                "reasons": [r.model_dump(mode="json") for r in reasons],
+            }
+        )
+        return EXIT_DENIED
+    word = "approve" if verdict is ReviewVerdict.APPROVED else "reject"
+    print(
+        f"refused: {reviewer.agent} (role {reviewer.role}, tenant {reviewer.tenant}) may not "
+        f"{word} {proposal.id} ({proposal.tool}); nothing was recorded but the refusal"
+    )
+    print(f"decision_id: {refusal.decision_id or '-'}")
+    for reason in reasons:
+        print(f"  - {safe(reason.code)}: {safe(reason.message)}")
+    return EXIT_DENIED
+
+
+def _approve(args: argparse.Namespace) -> int:
+    return _review(args, ReviewVerdict.APPROVED)
+
+
+def _reject(args: argparse.Namespace) -> int:
+    return _review(args, ReviewVerdict.REJECTED)
+
+
+# -- the parsers ------------------------------------------------------------------------------
+
+
+def register(sub: Actions) -> None:
+    """Add ``proposals`` to the ``capgate`` parser."""
+    proposals = add_group(
+        sub,
+        "proposals",
+        "list, show, approve and reject proposals",
+        "Calls of tools that need review are recorded as proposals: the exact content "
+        "and recipient, their digest and an operation id. A reviewer approves or "
+        "rejects each, if OPA's review policy lets them.\n\n" + _DISPATCH_NOTE,
+        [*STORE_EXITS, (EXIT_DENIED, "approve, reject: the review policy refused")],
+    )
+    listing = add_action(proposals, "list", "list proposals, oldest first", _list)
+    listing.add_argument("--tenant", metavar="TENANT", help="only this tenant's")
+    listing.add_argument(
+        "--status",
+        choices=[s.value for s in ProposalStatus],
+        help="only proposals with this status",
+    )
+    add_json(listing, "the proposals")
+
+    show = add_action(
+        proposals,
+        "show",
+        "show one proposal exactly: every parameter, digest, operation, proposer, status, "
+        "reviews and outcome",
+        _show,
+    )
+    show.add_argument("proposal", metavar="PROPOSAL", help="the proposal id")
+    add_json(show, "the proposal, its reviews and its operation")
+
+    for name, run, what in (
+        ("approve", _approve, "approve a pending proposal, if the review policy lets you"),
+        ("reject", _reject, "reject a pending proposal, if the review policy lets you"),
+    ):
+        action = add_action(
+            proposals,
+            name,
+            what,
+            run,
+            exits=_REVIEW_EXITS,
+            description=f"{what}. OPA's review policy decides; a refusal exits 3 with its "
+            "reason codes. The reviewer is who you say: this command does not authenticate.",
+        )
+        action.add_argument("proposal", metavar="PROPOSAL", help="the proposal id")
+        action.add_argument(
+            "--reviewer", required=True, metavar="AGENT", help="who reviews (never the proposer)"
+        )
+        action.add_argument("--role", required=True, help="the role the reviewer reviews in")
+        action.add_argument("--tenant", required=True, help="the reviewer's tenant")
+        if name == "approve":
+            action.add_argument(
+                "--ttl",
+                metavar="DURATION",
+                help="how long the approval stays good for its one dispatch: 30m, 1h, 2d "
+                "(default: the gateway's, 24h; at most 30d)",
+            )
+        action.add_argument(
+            "--catalogue",
+            type=Path,
+            required=True,
+            metavar="DIR",
+            help="the service's catalogue folder",
+        )
+        action.add_argument(
+            "--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)"
+        )
+        add_json(action, "the review, or the refusal")

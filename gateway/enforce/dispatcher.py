@@ -1,0 +1,871 @@
+"""The enforcement point: ask OPA, obey the answer, run the tool, normalise the result.
+
+The dispatcher decides nothing itself, and holds no state: the facts it sends come
+from its caller (the :class:`~capgate.gateway.service.gateway.Gateway` gathers them from its
+store). A call is two steps, so that a decided call can wait (a reviewed proposal,
+queued work) without anything being decided twice:
+
+- :meth:`Dispatcher.authorise` checks, asks and verifies, and returns an
+  :class:`Authorised` call: a frozen grant of exactly what was decided (contract,
+  action, parameters, operation id, key, adapter), or raises before anything runs;
+- :meth:`Dispatcher.run` runs an authorised call and never raises: whatever happens
+  is an :class:`~capgate.gateway.model.outcomes.Outcome`.
+
+For each call it
+
+1. checks the call's arguments and copies the parameters once as plain JSON within
+   :mod:`capgate.gateway.digest`'s limits (iteratively: no nesting reaches a recursive
+   reader), validates that copy against the tool's input schema (bad input never
+   reaches OPA or the tool) and computes its digest itself; the same copy is what
+   the tool later receives;
+2. asks OPA's ``capgate/execute`` once, failing closed on any problem;
+3. obeys the answer only if it fits the catalogue and the call, with exactly the
+   obligations the contract requires (:mod:`capgate.gateway.enforce.verify`, which
+   ``capgate eval`` runs too);
+4. only then looks up a transport (so a denied call touches none) and runs the tool;
+5. turns whatever happened into an :class:`~capgate.gateway.model.outcomes.Outcome`.
+
+Malformed arguments of any kind end in :class:`~capgate.gateway.errors.InvalidInput`, and a
+decider that fails in any way in :class:`~capgate.gateway.errors.PolicyUnavailable`: nothing
+outside :mod:`capgate.gateway.errors` leaves ``call`` or ``compose`` before the tool runs.
+Tool output is untrusted: it is copied within the output limits, checked against the
+output schema and returned as data, never interpreted; output that breaks any of
+that is an ``unknown`` outcome (the tool has run), never an exception.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+
+from jsonschema.protocols import Validator
+from pydantic import ValidationError
+
+from capgate.gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
+from capgate.gateway.enforce.verify import Grant, verify_compose, verify_execute
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    InvalidInput,
+    ObligationUnsupported,
+    PolicyUnavailable,
+    ToolNotRegistered,
+    cut,
+    quote,
+)
+from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
+from capgate.gateway.model.decisions import (
+    ComposeDecision,
+    ComposeExplanation,
+    ExecuteDecision,
+    Reason,
+)
+from capgate.gateway.model.facts import (
+    Approval,
+    Budget,
+    ComposeInput,
+    ExecuteInput,
+    OperationState,
+    ProposalRef,
+    Stage,
+)
+from capgate.gateway.model.outcomes import (
+    Outcome,
+    OutcomeStatus,
+    ToolRefused,
+    ToolRetryable,
+    ToolUnknown,
+)
+from capgate.gateway.model.reasons import with_reasons
+from capgate.gateway.schema.validator import schema_validator
+from capgate.gateway.tools.contract import Adapter, CallContext, Secret
+from capgate.gateway.tools.registry import ToolRegistry
+
+__all__ = [
+    "Authorised",
+    "ComposeExplainer",
+    "DecisionEvent",
+    "Dispatcher",
+    "PolicyDecider",
+    "Prepared",
+    "policy_revision",
+]
+
+log = logging.getLogger("capgate.dispatch")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEvent:
+    """One decision, as shown in traces: never parameters, never tool output."""
+
+    kind: str  # "compose" or "execute"
+    agent: str
+    allow: bool
+    tool: str | None = None
+    visible: tuple[str, ...] = ()
+    reason_codes: tuple[str, ...] = ()
+    decision_id: str | None = None
+    status: str | None = None  # the outcome status, for executed calls
+    stage: str | None = None  # call, propose or dispatch, for execute decisions
+    #: How the outcome was reached when not by running the tool (e.g. "lookup").
+    via: str | None = None
+    #: The policy bundle revision(s) the decision was made under, "name=rev,...".
+    revision: str | None = None
+
+
+Observer = Callable[[DecisionEvent], None]
+
+
+class PolicyDecider(Protocol):
+    """What the dispatcher needs from a policy client (``PolicyClient`` is the real one)."""
+
+    def compose(self, facts: ComposeInput) -> ComposeDecision: ...
+
+    def execute(self, facts: ExecuteInput) -> ExecuteDecision: ...
+
+
+@runtime_checkable
+class ComposeExplainer(Protocol):
+    """A decider that can also explain compose (``PolicyClient`` can), which
+    :meth:`Dispatcher.compose` needs to give reasons."""
+
+    def explain_compose(self, facts: ComposeInput) -> ComposeExplanation: ...
+
+
+def _codes(reasons: Iterable[Reason]) -> tuple[str, ...]:
+    return tuple(sorted({r.code for r in reasons}))
+
+
+_D = TypeVar("_D")
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A call's parameters, checked and frozen before anything is asked.
+
+    ``canonical`` is the one private copy of the parameters as canonical JSON:
+    what is validated, hashed into ``digest`` and, later, run. ``contract`` is None
+    for a tool the catalogue lacks (OPA then denies it as ``unknown_tool``).
+    """
+
+    tool: str
+    contract: ToolContract | None
+    canonical: bytes
+    digest: str
+    subject: dict[str, str] | None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """A fresh copy of the parameters (the frozen bytes never change)."""
+        copied: dict[str, Any] = json.loads(self.canonical)
+        return copied
+
+
+@dataclass(frozen=True, slots=True)
+class Authorised:
+    """A frozen grant of exactly what OPA decided, ready to run now or later.
+
+    ``action`` is what runs: the tool itself, or for a dispatched proposal the
+    contract's execution action. The adapter was found when the grant was made, so
+    running touches no registry and cannot fail to find it.
+    """
+
+    grant: Grant
+    request: ExecuteInput
+    prepared: Prepared
+    action: str
+    adapter: Adapter | None  # None only for a proposal: nothing runs at that stage
+    revision: str | None
+
+    @property
+    def contract(self) -> ToolContract:
+        return self.grant.contract
+
+    @property
+    def operation_id(self) -> str:
+        return self.grant.operation_id
+
+    @property
+    def decision_id(self) -> str | None:
+        return self.grant.decision_id
+
+
+class Dispatcher:
+    """Enforces OPA's decisions for one catalogue, one policy client and one registry."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        policy: PolicyDecider,
+        registry: ToolRegistry,
+        *,
+        observer: Observer | None = None,
+    ) -> None:
+        registry.bind(catalogue.runnable_names())  # a name the catalogue lacks is a typo
+        self.catalogue = catalogue
+        self.policy = policy
+        self.registry = registry
+        self._observer = observer
+        self._schemas: dict[str, _Schemas] = {}
+
+    # -- compose -------------------------------------------------------------------
+
+    def compose(self, facts: ComposeInput, *, reasons: bool = False) -> ComposeDecision:
+        """Ask which tools this agent may see; one OPA query whatever the catalogue size.
+
+        With ``reasons`` (for people: ``capgate eval``, the demo), the decider's
+        explanation (``capgate/explain/compose``) fills ``excluded``, and the two
+        answers must agree (:func:`~capgate.gateway.model.reasons.with_reasons`); an agent
+        needs only the visible names, so that second query is not the default.
+
+        Raises InvalidInput for facts that are not a ComposeInput and
+        PolicyUnavailable for no usable answer, including one that does not fit the
+        catalogue (:func:`~capgate.gateway.enforce.verify.verify_compose`), or for reasons
+        asked of a decider that cannot explain.
+        """
+        facts = _compose_facts(facts)
+        decision = _ask(self.policy.compose, facts, "compose")
+        if reasons:
+            policy = self.policy
+            if not isinstance(policy, ComposeExplainer):
+                raise PolicyUnavailable("this policy decider cannot explain compose; no reasons")
+            decision = with_reasons(decision, _ask(policy.explain_compose, facts, "explain"))
+        verify_compose(self.catalogue, decision)
+        self._emit(
+            DecisionEvent(
+                kind="compose",
+                agent=facts.principal.agent,
+                allow=bool(decision.visible),
+                visible=tuple(sorted(decision.visible)),
+                decision_id=decision.decision_id,
+                revision=policy_revision(decision.bundle_revisions),
+            )
+        )
+        return decision
+
+    # -- execute -------------------------------------------------------------------
+
+    def call(
+        self,
+        facts: ComposeInput,
+        tool: str,
+        params: Mapping[str, Any],
+        *,
+        operation_id: str | None = None,
+        stage: Stage = Stage.CALL,
+        approval: Approval | None = None,
+        evidence: Iterable[str] = (),
+        budget: Budget | None = None,
+        operation: OperationState | None = None,
+        proposal: ProposalRef | None = None,
+    ) -> Outcome:
+        """Authorise and run one call with facts the caller vouches for.
+
+        The stateless path: every fact comes from the caller, so it is for trusted
+        code that gathered them itself (the Gateway, tests). Raises InvalidInput,
+        PolicyUnavailable, CapabilityViolation (or its ObligationUnsupported) and
+        ToolNotRegistered, all before the tool is entered; once it has been entered
+        the result is always an Outcome.
+        """
+        prepared = self.prepare(tool, params)
+        request = self.execute_input(
+            facts,
+            prepared,
+            operation_id=operation_id,
+            stage=stage,
+            approval=approval,
+            evidence=evidence,
+            budget=budget,
+            operation=operation,
+            proposal=proposal,
+        )
+        authorised = self.authorise(prepared, request)
+        return self.run(authorised)
+
+    def prepare(self, tool: str, params: Mapping[str, Any]) -> Prepared:
+        """Check the tool name and copy, validate and hash the parameters (no OPA yet)."""
+        if not isinstance(tool, str):
+            raise InvalidInput(f"the tool name must be a string, not a {type(tool).__name__}")
+        tool = str.__str__(tool)  # a plain str: a subclass could hash or compare its own way
+        # One private, plain-JSON copy: what is validated and hashed is exactly what the
+        # tool receives, whatever the caller does to its own objects meanwhile.
+        authorised, canonical = plain_params(params)
+        contract = self.catalogue.tools.get(tool)
+        subject = None
+        if contract is not None:
+            _validate_params(contract, self._schemas_for(contract).input, authorised)
+            subject = _subject(contract, authorised)
+        return Prepared(tool, contract, canonical, digest_of(canonical), subject)
+
+    def execute_input(
+        self,
+        facts: ComposeInput,
+        prepared: Prepared,
+        *,
+        operation_id: str | None = None,
+        stage: Stage = Stage.CALL,
+        approval: Approval | None = None,
+        evidence: Iterable[str] = (),
+        budget: Budget | None = None,
+        operation: OperationState | None = None,
+        proposal: ProposalRef | None = None,
+    ) -> ExecuteInput:
+        """The execute input for a prepared call and the facts gathered for it.
+
+        The facts are dumped and validated once, with the rest of the input (not first
+        on their own: that was a tenth of this method's time); a bad fact is still
+        named as one of the facts.
+        """
+        dumped = _dumped_facts(facts)
+        if operation_id is not None and not isinstance(operation_id, str):
+            raise InvalidInput(
+                f"operation_id must be a string or None, not a {type(operation_id).__name__}"
+            )
+        if not isinstance(stage, Stage):
+            raise InvalidInput(f"stage must be a Stage, not a {type(stage).__name__}")
+        for name, value, model in (
+            ("budget", budget, Budget),
+            ("operation", operation, OperationState),
+            ("proposal", proposal, ProposalRef),
+        ):
+            if value is not None and not isinstance(value, model):
+                raise InvalidInput(f"{name} must be a {model.__name__} or None")
+        approval = _approval(approval)
+        names = _evidence(evidence)
+        contract = prepared.contract
+        call: dict[str, Any] = {
+            "tool": prepared.tool,
+            # An unknown tool has no version of ours; OPA denies it as unknown_tool.
+            "version": contract.version if contract else 1,
+            # An approval is for one operation: calling under it continues that operation.
+            "operation_id": operation_id
+            or (approval.operation_id if approval is not None else None)
+            or f"op-{uuid.uuid4()}",
+            "subject": prepared.subject,
+            "params_digest": prepared.digest,
+        }
+        try:
+            return ExecuteInput.model_validate(
+                {
+                    **dumped,
+                    "call": call,
+                    "stage": stage,
+                    "approval": approval,
+                    "evidence": sorted(set(names)),
+                    "budget": budget,
+                    "operation": operation,
+                    "proposal": proposal,
+                }
+            )
+        except ValidationError as exc:
+            _compose_facts(facts)  # raises for a bad fact, named as one of the facts
+            raise InvalidInput.from_validation(exc, f"call to {quote(prepared.tool)}") from None
+
+    def authorise(self, prepared: Prepared, request: ExecuteInput) -> Authorised:
+        """Ask OPA about ``request`` and verify the answer; return the frozen grant.
+
+        Raises before anything runs: CapabilityViolation for a deny (or
+        ObligationUnsupported), PolicyUnavailable for no usable answer, and
+        ToolNotRegistered when no adapter holds what would run.
+        """
+        if not isinstance(prepared, Prepared) or not isinstance(request, ExecuteInput):
+            raise InvalidInput("authorise takes a Prepared call and its ExecuteInput")
+        if (request.call.tool, request.call.params_digest) != (prepared.tool, prepared.digest):
+            raise InvalidInput("the execute input is not for this prepared call")
+        tool = prepared.tool
+        decision = _ask(self.policy.execute, request, "execute")
+        revision = _revision(decision)
+        if isinstance(decision, ExecuteDecision) and not decision.allow:
+            self._emit_call(request, decision.decision_id, False, decision.reasons, None, revision)
+            log.info(
+                "deny tool=%s stage=%s operation=%s reasons=%s decision=%s",
+                quote(tool),
+                request.stage.value,
+                request.call.operation_id,
+                ",".join(_codes(decision.reasons)),
+                decision.decision_id,
+            )
+        try:
+            grant = verify_execute(self.catalogue, request, decision)
+        except CapabilityViolation as exc:
+            exc.revision = revision  # so a denial's record names the policy that denied
+            if isinstance(exc, ObligationUnsupported):  # an allow refused, not a deny
+                log.warning(
+                    "refused allow with unsupported obligations tool=%s decision=%s: %s",
+                    quote(tool),
+                    exc.decision_id,
+                    exc,
+                )
+            raise
+        except PolicyUnavailable as exc:
+            log.warning("refused inconsistent allow tool=%s: %s", quote(tool), exc)
+            raise
+        contract = grant.contract
+        action = contract.dispatch_action if request.stage is Stage.DISPATCH else contract.name
+        adapter = None
+        if request.stage is not Stage.PROPOSE:
+            adapter = self.registry.adapter_for(action)
+            if adapter is None:
+                self._emit_call(request, grant.decision_id, True, (), None, revision)
+                raise ToolNotRegistered(action)
+        return Authorised(grant, request, prepared, action, adapter, revision)
+
+    def run(
+        self,
+        authorised: Authorised,
+        *,
+        account: str | None = None,
+        credential: Secret | None = None,
+    ) -> Outcome:
+        """Run an authorised call; never raises, whatever the tool does.
+
+        ``account`` and ``credential`` are the connection's provider account and
+        secret, resolved by the gateway at this moment only and handed to the
+        adapter in its CallContext.
+        """
+        grant = authorised.grant
+        contract = grant.contract
+        if authorised.adapter is None:  # a proposal's grant: there is nothing to run
+            return _outcome(contract, grant, OutcomeStatus.REFUSED, error="nothing to run")
+        context = CallContext(
+            operation_id=grant.operation_id,
+            idempotency_key=grant.idempotency_key,
+            connection_alias=contract.connection_alias,
+            tenant=authorised.request.principal.tenant,
+            account=account,
+            credential=credential,
+        )
+        outcome = _run(
+            authorised.adapter,
+            authorised.action,
+            contract,
+            self._schemas_for(contract).output,
+            authorised.prepared.params,
+            context,
+            grant,
+        )
+        self._emit_call(
+            authorised.request,
+            grant.decision_id,
+            True,
+            (),
+            outcome.status.value,
+            authorised.revision,
+        )
+        log.info(
+            "call tool=%s action=%s version=%d operation=%s alias=%s account=%s status=%s "
+            "decision=%s",
+            contract.name,
+            authorised.action,
+            contract.version,
+            outcome.operation_id,
+            contract.connection_alias,
+            account,
+            outcome.status.value,
+            grant.decision_id,
+        )
+        return outcome
+
+    def found(self, authorised: Authorised, raw: object) -> Outcome:
+        """The outcome of a result an adapter's lookup found for an earlier attempt.
+
+        Checked exactly like the result of a run, so a lookup cannot pass anything a
+        run could not; traced like a run, with ``via="lookup"``.
+        """
+        outcome = self.interpret(authorised, raw)
+        self._emit(
+            DecisionEvent(
+                kind="execute",
+                agent=authorised.request.principal.agent,
+                allow=True,
+                tool=authorised.contract.name,
+                decision_id=authorised.decision_id,
+                status=outcome.status.value,
+                stage=authorised.request.stage.value,
+                revision=authorised.revision,
+                via="lookup",
+            )
+        )
+        return outcome
+
+    def interpret(self, authorised: Authorised, raw: object) -> Outcome:
+        """The outcome a tool result (e.g. one an adapter's lookup found) stands for.
+
+        Checked exactly like the result of a run, so a lookup cannot pass anything a
+        run could not.
+        """
+        contract = authorised.contract
+        return _interpret(contract, self._schemas_for(contract).output, raw, authorised.grant)
+
+    def interpret_found(self, contract: ToolContract, operation_id: str, raw: object) -> Outcome:
+        """What a lookup made outside any call (settling an unknown operation) found,
+        checked exactly like a run's result. No decision stands behind it: it grants
+        nothing, it only says what already happened."""
+        grant = Grant(contract=contract, operation_id=operation_id, idempotency_key=None,
+                      decision_id=None)  # fmt: skip
+        return _interpret(contract, self._schemas_for(contract).output, raw, grant)
+
+    def _schemas_for(self, contract: ToolContract) -> _Schemas:
+        """Compiled validators, built once per tool rather than on every call."""
+        schemas = self._schemas.get(contract.name)
+        if schemas is None:
+            schemas = _Schemas(
+                schema_validator(contract.input_schema), schema_validator(contract.output_schema)
+            )
+            self._schemas[contract.name] = schemas
+        return schemas
+
+    # -- tracing -------------------------------------------------------------------
+
+    def _emit_call(
+        self,
+        request: ExecuteInput,
+        decision_id: str | None,
+        allow: bool,
+        reasons: Iterable[Reason],
+        status: str | None,
+        revision: str | None,
+    ) -> None:
+        self._emit(
+            DecisionEvent(
+                kind="execute",
+                agent=request.principal.agent,
+                allow=allow,
+                tool=request.call.tool,
+                reason_codes=_codes(reasons),
+                decision_id=decision_id,
+                status=status,
+                stage=request.stage.value,
+                revision=revision,
+            )
+        )
+
+    def _emit(self, event: DecisionEvent) -> None:
+        if self._observer is not None:
+            self._observer(event)
+
+
+# -- checking the call's arguments ---------------------------------------------------
+
+
+def _compose_facts(facts: object) -> ComposeInput:
+    """The facts as a validated ComposeInput, whatever model object was passed.
+
+    Always validated again, from a plain dump: a ComposeInput made with pydantic's
+    ``model_construct`` or ``model_copy(update=...)`` skipped validation, and a
+    richer model (an ExecuteInput) is cut down to the compose fields. Dumping
+    without serialisation warnings: those would quote the fact values.
+    """
+    try:
+        return ComposeInput.model_validate(_dumped_facts(facts))
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, "facts") from None
+
+
+_COMPOSE_FIELDS: Final = frozenset(ComposeInput.model_fields)
+
+
+def _dumped_facts(facts: object) -> dict[str, Any]:
+    """The compose fields of ``facts`` as plain data, to be validated by the caller."""
+    if not isinstance(facts, ComposeInput):
+        raise InvalidInput(f"facts must be a ComposeInput, not a {type(facts).__name__}")
+    try:
+        return facts.model_dump(include=set(_COMPOSE_FIELDS), warnings=False)
+    except Exception as exc:  # a field holding something that cannot be dumped at all
+        raise InvalidInput(f"facts could not be read ({type(exc).__name__})") from None
+
+
+def _approval(approval: object) -> Approval | None:
+    if approval is None or isinstance(approval, Approval):
+        return approval
+    raise InvalidInput(f"approval must be an Approval or None, not a {type(approval).__name__}")
+
+
+#: Evidence names accepted per call; a contract requires a handful.
+MAX_EVIDENCE: Final = 256
+
+
+def _evidence(evidence: object) -> list[str]:
+    """The evidence names as a list of strings, or InvalidInput.
+
+    A single string is refused: iterating it would present its letters as evidence.
+    """
+    if isinstance(evidence, str | bytes) or not isinstance(evidence, Iterable):
+        raise InvalidInput(
+            f"evidence must be a collection of names, not a {type(evidence).__name__}"
+        )
+    try:
+        names = list(itertools.islice(evidence, MAX_EVIDENCE + 1))
+    except Exception as exc:  # the caller's own iterable failed
+        raise InvalidInput(f"evidence could not be read ({type(exc).__name__})") from None
+    if len(names) > MAX_EVIDENCE:
+        raise InvalidInput(f"evidence: more than the limit of {MAX_EVIDENCE} names")
+    for position, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InvalidInput(
+                f"evidence[{position}] must be a name (a string), not a {type(name).__name__}"
+            )
+    return [str.__str__(name) for name in names]
+
+
+def _ask(question: Callable[[Any], _D], facts: Any, kind: str) -> _D:
+    """One question to the decider; any failure of its own is PolicyUnavailable.
+
+    The real client already raises nothing else, but a decider is a plug-in point:
+    whatever it raises (a bug, a timeout of its own) must fail closed, not escape
+    as an exception the caller does not expect.
+    """
+    try:
+        return question(facts)
+    except CapgateError:
+        raise
+    except Exception as exc:
+        raise PolicyUnavailable(
+            f"the policy decider failed on {kind} ({type(exc).__name__}); failing closed"
+        ) from exc
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Schemas:
+    input: Validator
+    output: Validator
+
+
+#: Schema errors collected before giving up on listing them all.
+_MAX_ERRORS: Final = 100
+
+
+def _schema_problem(validator: Validator, value: Any) -> str | None:
+    """Where ``value`` breaks the schema and which rule it breaks, or None.
+
+    Names the path and the schema keyword only: jsonschema's own messages quote the
+    offending value, and parameters or tool output may hold secrets. The keywords
+    capgate implements itself (``required``, ``additionalProperties``,
+    ``unevaluatedProperties``, ``pattern``, ``format``) word their messages without
+    values, so those are shown. Raises _Unevaluable if the schema itself cannot be
+    evaluated (a stack too deep for it, or a reference gone wrong).
+    """
+    try:
+        errors = list(itertools.islice(validator.iter_errors(value), _MAX_ERRORS))
+    except RecursionError:
+        raise _Unevaluable("too deeply nested for the schema to be evaluated") from None
+    except Exception as exc:  # e.g. an unresolvable $ref that escaped the load checks
+        raise _Unevaluable(f"the schema could not be evaluated ({type(exc).__name__})") from None
+    if not errors:
+        return None
+    errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
+    first = errors[0]
+    where = quote("/".join(str(p) for p in first.absolute_path) or "(top level)")
+    rule = first.validator
+    if rule == "required":
+        required = first.validator_value if isinstance(first.validator_value, list) else []
+        instance = first.instance if isinstance(first.instance, dict) else {}
+        missing = [name for name in required if name not in instance]
+        detail = "missing required field(s) " + ", ".join(quote(m, 40) for m in missing[:5])
+    elif rule in {"additionalProperties", "unevaluatedProperties", "pattern", "format"}:
+        detail = cut(first.message, 200)  # our own wording: names and rules only
+    else:
+        detail = f"fails the schema's {quote(str(rule), 40)} rule"
+    count = len(errors)
+    more = ""
+    if count > 1:
+        more = f" (and {'more than ' if count >= _MAX_ERRORS else ''}{count - 1} more problem(s))"
+    return f"{where}: {detail}{more}"
+
+
+class _Unevaluable(Exception):
+    """The schema could not be evaluated on this value; the message holds no values."""
+
+
+def _validate_params(contract: ToolContract, validator: Validator, params: dict[str, Any]) -> None:
+    try:
+        problem = _schema_problem(validator, params)
+    except _Unevaluable as exc:
+        raise InvalidInput(f"tool {quote(contract.name)}: parameters: {exc}") from None
+    if problem is not None:
+        raise InvalidInput(f"tool {quote(contract.name)}: parameter {problem}")
+
+
+def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str] | None:
+    """The business object the call acts on, read from the parameters themselves.
+
+    Deriving it from the parameters (not from a separate argument) means the subject
+    the policy checks is the one the tool will actually touch.
+    """
+    if contract.subject_type is None:
+        return None
+    field = contract.subject_param or f"{contract.subject_type}_id"
+    value = params.get(field)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(
+            f"tool {quote(contract.name)}: parameter {quote(field)} must name "
+            f"the {contract.subject_type}"
+        )
+    return {"type": contract.subject_type, "id": value}
+
+
+#: Characters of a tool's own error text kept in an Outcome.
+MAX_ERROR_TEXT: Final = 2000
+
+
+#: The longest wait a tool may ask for; a provider asking for more is asked again later.
+_MAX_RETRY_AFTER_SECONDS = 86_400.0
+
+
+def _retry_after(value: object) -> float | None:
+    """The tool's suggested wait, if it is a usable number of seconds.
+
+    A tool's exception is untrusted output like its result: a wait that is not a
+    finite, non-negative number (NaN, infinity, a string) is dropped rather than
+    allowed to break the outcome's record after the tool already ran.
+    """
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(float(value), _MAX_RETRY_AFTER_SECONDS)
+
+
+def _outcome(contract: ToolContract, grant: Grant, status: OutcomeStatus, **fields: Any) -> Outcome:
+    return Outcome(
+        tool=contract.name,
+        version=contract.version,
+        operation_id=grant.operation_id,
+        status=status,
+        decision_id=grant.decision_id,
+        **fields,
+    )
+
+
+def _run(
+    adapter: Adapter,
+    action: str,
+    contract: ToolContract,
+    output_validator: Validator,
+    params: dict[str, Any],
+    context: CallContext,
+    grant: Grant,
+) -> Outcome:
+    try:
+        raw = adapter.run(action, params, context)
+    except ToolRefused as exc:
+        return _outcome(contract, grant, OutcomeStatus.REFUSED, error=_text(exc))
+    except ToolRetryable as exc:
+        retry_after = _retry_after(exc.retry_after_seconds)
+        return _outcome(
+            contract,
+            grant,
+            OutcomeStatus.RETRYABLE,
+            error=_text(exc),
+            retry_after_seconds=retry_after,
+        )
+    except ToolUnknown as exc:  # the request may have left: say so, never guess
+        return _outcome(
+            contract,
+            grant,
+            OutcomeStatus.UNKNOWN,
+            error=_text(exc),
+            recovery=contract.recovery,
+            retry_after_seconds=_retry_after(getattr(exc, "retry_after_seconds", None)),
+        )
+    except Exception as exc:  # the tool's own failure: contain it, never crash the agent
+        # Only the adapter can say "nothing happened" (ToolRetryable). Any other
+        # failure of a tool that changes the world (a timeout, a crash half-way) may
+        # have come after its effect: unknown, looked up before any retry, its budget
+        # still held. Idempotency does not make it retryable: an agent that repeats
+        # it without the operation id sends again under a new key, and a retryable
+        # outcome would hand back the budget of a spend that happened. A read has no
+        # effect to lose, so it may simply be tried again.
+        status = OutcomeStatus.RETRYABLE if contract.mode is Mode.READ else OutcomeStatus.UNKNOWN
+        error = f"{type(exc).__name__}: {_text(exc)}"
+        return _outcome(contract, grant, status, error=error, recovery=contract.recovery)
+    return _interpret(contract, output_validator, raw, grant)
+
+
+def _interpret(
+    contract: ToolContract, output_validator: Validator, raw: object, grant: Grant
+) -> Outcome:
+    """The outcome of a result the tool (or a lookup) returned.
+
+    The tool has run: whatever goes wrong here must still be an Outcome with the
+    recovery procedure, because the external effect may have happened. A contract
+    with a ``receipt_field`` is a success only with a non-empty receipt there.
+    """
+    try:
+        result = _checked_output(output_validator, raw)
+    except _BadOutput as exc:
+        return _outcome(
+            contract, grant, OutcomeStatus.UNKNOWN, error=str(exc), recovery=contract.recovery
+        )
+    receipt = None
+    if contract.receipt_field is not None:
+        receipt = result.get(contract.receipt_field)
+        if not isinstance(receipt, str) or not receipt:
+            return _outcome(
+                contract,
+                grant,
+                OutcomeStatus.UNKNOWN,
+                error=f"tool output has no provider receipt in {quote(contract.receipt_field)}",
+                recovery=contract.recovery,
+            )
+        receipt = cut(receipt, 256)
+    return _outcome(contract, grant, OutcomeStatus.SUCCESS, result=result, provider_receipt=receipt)
+
+
+def policy_revision(revisions: object) -> str | None:
+    """The policy revision a decision was made under, for traces and the ledger.
+
+    The non-empty bundle revisions OPA reported, sorted and joined by commas. Bundle
+    *names* are left out: for an embedded OPA they are temporary folder paths,
+    which differ on every start and say nothing about the policy.
+    """
+    if not isinstance(revisions, dict):
+        return None
+    shown = sorted({rev for rev in revisions.values() if isinstance(rev, str) and rev})
+    return ",".join(shown) or None
+
+
+def _revision(decision: object) -> str | None:
+    return policy_revision(getattr(decision, "bundle_revisions", None))
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)`` cut to :data:`MAX_ERROR_TEXT`, even when ``__str__`` itself fails."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with an unprintable message>"
+    return cut(text, MAX_ERROR_TEXT)
+
+
+class _BadOutput(Exception):
+    """Tool output that breaks the contract; the message holds no output values."""
+
+
+def _checked_output(validator: Validator, raw: object) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise _BadOutput(f"tool returned {type(raw).__name__}, not a JSON object")
+    try:
+        if not isinstance(raw, dict):
+            raw = dict(raw.items())
+        result: dict[str, Any] = plain_json(raw, what="tool output", max_bytes=MAX_OUTPUT_BYTES)
+    except InvalidInput as exc:
+        raise _BadOutput(str(exc)) from None
+    except Exception as exc:  # the tool's own Mapping class failed while being read
+        raise _BadOutput(f"tool output could not be read ({type(exc).__name__})") from None
+    try:
+        problem = _schema_problem(validator, result)
+    except _Unevaluable as exc:
+        raise _BadOutput(f"tool output: {exc}") from None
+    if problem is not None:
+        raise _BadOutput(f"tool output breaks its schema at {problem}")
+    return result
