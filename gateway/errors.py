@@ -9,7 +9,8 @@ errors come back::
     CapgateError                 capgate_error
     ├── CatalogueError           catalogue_invalid       a catalogue file is wrong; nothing loaded
     ├── InvalidInput             input_invalid           bad facts or parameters; OPA not asked
-    │   └── OperationConflict    operation_conflict      an operation id reused for another call
+    │   ├── OperationConflict    operation_conflict      an operation id reused for another call
+    │   └── UpstreamConfigError  upstream_config_invalid an MCP server spec capgate refuses
     ├── PolicyUnavailable        policy_unavailable      no usable decision: fail closed
     │   └── OPAProcessError      opa_process_failed      the embedded OPA could not start
     ├── CapabilityViolation      capability_denied       OPA said no; carries the reason codes
@@ -19,8 +20,29 @@ errors come back::
     │                                                    (also a KeyError, as the seed says)
     ├── ToolNotInCatalogue       tool_not_in_catalogue   a registered name the catalogue lacks
     ├── CredentialUnavailable    credential_unavailable  a connection's secret could not be resolved
-    ├── StoreError ...           store_*, unknown_*      the gateway's store (gateway.state.errors)
+    ├── UpstreamUnavailable      upstream_unavailable    an MCP server could not be reached
+    ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
+    ├── StoreError               store_error             the backend failed, or refused a request
+    │   ├── StoreBusy            store_busy              no lock or connection in time: retry later
+    │   ├── StoreVersionError    store_version_unsupported the store was written by a newer capgate
+    │   ├── StoreURLError        store_url_invalid       not a store address (also a ValueError)
+    │   ├── StoreNotFound        store_not_found         --store names a missing SQLite file
+    │   ├── UnknownTenant        unknown_tenant          no such tenant
+    │   ├── UnknownConnection    unknown_connection      the tenant has no connection of that alias
+    │   ├── UnknownOperation     unknown_operation       the tenant has no operation of that id
+    │   ├── OperationNotInLedger unknown_operation       the ledger has no row of that operation
+    │   ├── UnknownProposal      unknown_proposal        no proposal of that id
+    │   ├── UnknownReview        unknown_review          no review of that id
+    │   ├── UnknownPin           unknown_pin             no pin of that upstream server and tool
+    │   ├── PinStale             pin_stale               the server shows another definition now
+    │   ├── DuplicateRecord      duplicate_record        a record of that id exists already
+    │   │   └── DuplicateOperation duplicate_operation   a proposal holds that operation id
+    │   └── BudgetNotReserved    budget_not_reserved     settling more than is reserved
     └── ToolFailed               tool_failed             it ran, but did not succeed; see .outcome
+
+The store's errors never carry a password: a PostgreSQL store is named by its
+``location``, which has none. Malformed values (a negative cost, an identifier that is
+not one, a naive datetime) are :class:`InvalidInput`, as everywhere else.
 
 Messages quote what a caller supplied (tool names, identifiers, field paths) only
 through :func:`quote`, which cuts it short: a megabyte-long tool name must not come
@@ -298,3 +320,232 @@ class ToolFailed(CapgateError):
             f"tool {quote(outcome.tool)} ended {outcome.status.value} "
             f"(operation {quote(outcome.operation_id)}){hint}"
         )
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+class StoreError(CapgateError):
+    """The store failed (backend error, closed store, misuse) or refused a request.
+
+    Backend exceptions (``sqlite3.Error``, ``psycopg.Error``) are translated into
+    this family where they happen; the original is chained as ``__cause__``.
+    """
+
+    code: ClassVar[str] = "store_error"
+
+
+class StoreBusy(StoreError):
+    """A lock, a database file or a pooled connection was not had in time.
+
+    The transaction was rolled back whole; repeating it later is safe.
+    """
+
+    code: ClassVar[str] = "store_busy"
+
+
+class StoreVersionError(StoreError):
+    """The store's schema is newer than this code reads; nothing was changed.
+
+    Reading a schema this code does not know could misread a fact that grants
+    something, so the store is refused instead.
+    """
+
+    code: ClassVar[str] = "store_version_unsupported"
+
+    def __init__(
+        self, location: str, found: int, supported: int, written_by: str | None = None
+    ) -> None:
+        self.location = location
+        self.found = found
+        self.supported = supported
+        self.written_by = written_by
+        who = f" (written by capgate {quote(written_by, 40)})" if written_by else ""
+        super().__init__(
+            f"store {location} has schema version {found}{who}; this capgate reads schema "
+            f"versions up to {supported}: open it with the capgate that wrote it, or a newer one"
+        )
+
+
+class StoreURLError(StoreError, ValueError):
+    """Not an address :func:`~capgate.gateway.state.open.open_store` accepts."""
+
+    code: ClassVar[str] = "store_url_invalid"
+
+
+class UnknownTenant(StoreError):
+    """The store has no tenant of that name."""
+
+    code: ClassVar[str] = "unknown_tenant"
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        super().__init__(
+            f"unknown tenant {quote(tenant)}: the gateway's store has no such tenant "
+            "(capgate tenants add)"
+        )
+
+
+class UnknownConnection(StoreError):
+    """The tenant has no connection of that alias."""
+
+    code: ClassVar[str] = "unknown_connection"
+
+    def __init__(self, tenant: str, alias: str) -> None:
+        self.tenant = tenant
+        self.alias = alias
+        super().__init__(f"tenant {quote(tenant)} has no connection {quote(alias)}")
+
+
+class UnknownOperation(StoreError):
+    """The tenant has no operation of that id."""
+
+    code: ClassVar[str] = "unknown_operation"
+
+    def __init__(self, tenant: str, operation_id: str) -> None:
+        self.tenant = tenant
+        self.operation_id = operation_id
+        super().__init__(f"tenant {quote(tenant)} has no operation {quote(operation_id)}")
+
+
+class UnknownProposal(StoreError):
+    """No proposal has that id."""
+
+    code: ClassVar[str] = "unknown_proposal"
+
+    def __init__(self, proposal_id: str) -> None:
+        self.proposal_id = proposal_id
+        super().__init__(f"unknown proposal {quote(proposal_id)}")
+
+
+class UnknownReview(StoreError):
+    """No review has that id."""
+
+    code: ClassVar[str] = "unknown_review"
+
+    def __init__(self, review_id: str) -> None:
+        self.review_id = review_id
+        super().__init__(f"unknown review {quote(review_id)}")
+
+
+class UnknownPin(StoreError):
+    """No definition of that tool of that upstream server was ever recorded."""
+
+    code: ClassVar[str] = "unknown_pin"
+
+    def __init__(self, server: str, tool: str) -> None:
+        self.server = server
+        self.tool = tool
+        super().__init__(
+            f"no definition of tool {quote(tool)} of upstream server {quote(server)} was "
+            "recorded (capgate mcp discover records them)"
+        )
+
+
+class PinStale(StoreError):
+    """The definition a person reviewed is no longer the one the server shows.
+
+    Accepting or rejecting must be about the definition that was looked at: when the
+    server changed it meanwhile, nothing is recorded and the new one is to be
+    reviewed.
+    """
+
+    code: ClassVar[str] = "pin_stale"
+
+    def __init__(self, server: str, tool: str, reviewed: str, shown: str | None) -> None:
+        self.server = server
+        self.tool = tool
+        self.reviewed = reviewed
+        self.shown = shown
+        now = f"shows {shown}" if shown is not None else "no longer lists it"
+        super().__init__(
+            f"tool {quote(tool)} of upstream server {quote(server)}: the definition reviewed "
+            f"was {quote(reviewed)}, the server {now}; review it again (capgate mcp pending)"
+        )
+
+
+class DuplicateRecord(StoreError):
+    """A record with that id exists already; the store kept the first one."""
+
+    code: ClassVar[str] = "duplicate_record"
+
+    def __init__(self, what: str, record_id: str, message: str | None = None) -> None:
+        self.what = what
+        self.record_id = record_id
+        super().__init__(message or f"a {what} with id {quote(record_id)} exists already")
+
+
+class DuplicateOperation(DuplicateRecord):
+    """The tenant already has a proposal for that operation id.
+
+    An operation id is the idempotency key its tool receives, so two proposals must
+    never share one: approving the second would replay the first's key.
+    """
+
+    code: ClassVar[str] = "duplicate_operation"
+
+    def __init__(self, tenant: str, operation_id: str) -> None:
+        self.tenant = tenant
+        self.operation_id = operation_id
+        super().__init__(
+            "proposal",
+            operation_id,
+            f"tenant {quote(tenant)} already has a proposal for operation {quote(operation_id)}",
+        )
+
+
+class BudgetNotReserved(StoreError):
+    """Settling a cost that is not reserved (settled twice, or never reserved).
+
+    Letting the reservation go negative would hand out budget nobody reserved, so
+    the settlement is refused and nothing changes.
+    """
+
+    code: ClassVar[str] = "budget_not_reserved"
+
+    def __init__(self, tenant: str, task_id: str | None, reserved: int, cost: int) -> None:
+        self.tenant = tenant
+        self.task_id = task_id
+        self.reserved = reserved
+        self.cost = cost
+        whose = f"tenant {quote(tenant)}"
+        if task_id is not None:
+            whose += f", task {quote(task_id)}"
+        super().__init__(f"{whose} has {reserved} reserved, cannot settle a cost of {cost}")
+
+
+# -- upstream MCP servers and capgate serve -------------------------------------------------
+
+
+class UpstreamConfigError(InvalidInput):
+    """``MCP_SERVERS`` (or a server spec) is not something capgate will connect to."""
+
+    code: ClassVar[str] = "upstream_config_invalid"
+
+
+class UpstreamUnavailable(CapgateError):
+    """An upstream server could not be started, reached or listed (``capgate mcp
+    discover``; a call's failure is an outcome instead, never this)."""
+
+    code: ClassVar[str] = "upstream_unavailable"
+
+
+class ConfigError(CapgateError):
+    """The server's configuration file is missing, unsafe or invalid; nothing was served."""
+
+    code = "serve_config_invalid"
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+class StoreNotFound(StoreError):
+    """``--store`` names a SQLite file that does not exist (only ``tenants add`` makes one)."""
+
+    code: ClassVar[str] = "store_not_found"
+
+
+class OperationNotInLedger(StoreError):
+    """``ledger show --operation`` names an operation the ledger has no row of."""
+
+    code: ClassVar[str] = "unknown_operation"

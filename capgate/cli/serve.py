@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from capgate.adapters.fronts.mcp.config import ConfigError, ServeConfig, bindings_of, load_config
+from capgate.adapters.fronts.mcp.config import ServeConfig, bindings_of, load_config
 from capgate.adapters.tools.mcp.config import (
     MCP_ORACLE_ENV,
     MCP_SERVERS_ENV,
@@ -45,11 +45,10 @@ from capgate.cli.commands.common import (
 )
 from capgate.demo.oracle_server import oracle_server_spec
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.errors import InvalidInput
+from capgate.gateway.errors import ConfigError, InvalidInput, UnknownTenant
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.recovery import Reconciler
-from capgate.gateway.state.errors import UnknownTenant
 from capgate.gateway.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:

@@ -54,9 +54,13 @@ from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,
     CredentialUnavailable,
+    DuplicateOperation,
     InvalidInput,
     OperationConflict,
     PolicyUnavailable,
+    UnknownOperation,
+    UnknownProposal,
+    UnknownTenant,
     quote,
 )
 from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
@@ -77,12 +81,6 @@ from capgate.gateway.model.facts import (
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
 from capgate.gateway.service.requests import AgentRequest
-from capgate.gateway.state.errors import (
-    DuplicateOperation,
-    UnknownOperation,
-    UnknownProposal,
-    UnknownTenant,
-)
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,

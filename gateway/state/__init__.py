@@ -9,12 +9,13 @@ these facts live here and are read at decision time. Open a store with
 imported only when such a store is opened.
 
 Modules: ``store`` (the protocols and their guarantees), ``records`` (what the
-store returns), ``errors``, ``open`` (addresses), ``sql`` (the one implementation),
-``sqlite`` and ``postgres`` (the backends), ``migrations``, ``ledger`` (the hash
-chain), ``times`` (the stored time form), ``backend`` (what a backend provides).
+store returns), ``open`` (addresses), ``sql`` (the one implementation), ``sqlite``
+and ``postgres`` (the backends), ``migrations``, ``ledger`` (the hash chain),
+``times`` (the stored time form), ``backend`` (what a backend provides). The store's
+errors are part of the one tree in :mod:`capgate.gateway.errors`.
 """
 
-from capgate.gateway.state.errors import (
+from capgate.gateway.errors import (
     BudgetNotReserved,
     DuplicateOperation,
     DuplicateRecord,

@@ -8,7 +8,7 @@ only what differs between SQLite and PostgreSQL:
 - :class:`Session` objects, one database connection each, used by one thread at a
   time: statements with ``:name`` placeholders, transaction begin and end, the
   transaction-scoped locks that serialise ledger appends and migrations, and the
-  translation of driver exceptions into :class:`~capgate.gateway.state.errors.StoreError`;
+  translation of driver exceptions into :class:`~capgate.gateway.errors.StoreError`;
 - a :class:`Backend` handing sessions out (per thread for SQLite, from a bounded
   pool for PostgreSQL) and taking them back.
 """
@@ -44,7 +44,7 @@ class Dialect:
 class Session(Protocol):
     """One database connection; used by one thread at a time.
 
-    Every method raises :class:`~capgate.gateway.state.errors.StoreError` (or a subclass)
+    Every method raises :class:`~capgate.gateway.errors.StoreError` (or a subclass)
     for a database failure, never the driver's own exception.
     """
 

@@ -25,8 +25,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from capgate.gateway.digest import canonical_json, digest_of
-from capgate.gateway.errors import InvalidInput
-from capgate.gateway.state.errors import StoreError
+from capgate.gateway.errors import InvalidInput, StoreError
 from capgate.gateway.state.records import LedgerEntry, LedgerRow, VerifyReport
 from capgate.gateway.state.times import from_text, to_text
 

@@ -7,7 +7,7 @@ lock, every step above its version; a step that fails rolls back the whole upgra
 so a store is never left half-migrated (both backends have transactional DDL).
 
 A store whose version is above the last step here was written by a newer capgate:
-it is refused with :class:`~capgate.gateway.state.errors.StoreVersionError` and left as it
+it is refused with :class:`~capgate.gateway.errors.StoreVersionError` and left as it
 is, because this code could misread a fact that grants something.
 
 To change the schema, append a :class:`Migration` with the next version and raise
@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from capgate.gateway.errors import StoreError, StoreVersionError
 from capgate.gateway.state.backend import Dialect, Session
-from capgate.gateway.state.errors import StoreError, StoreVersionError
 from capgate.gateway.state.store import SCHEMA_VERSION
 from capgate.gateway.version import __version__
 

@@ -1,6 +1,6 @@
 """Open a store from one address string, as configuration gives it.
 
-Accepted forms (anything else is a :class:`~capgate.gateway.state.errors.StoreURLError`,
+Accepted forms (anything else is a :class:`~capgate.gateway.errors.StoreURLError`,
 which is also a ``ValueError``, naming these):
 
 - ``sqlite:///absolute/path/state.db`` (``sqlite:////absolute/...`` too): SQLite;
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from capgate.gateway.errors import quote
+from capgate.gateway.errors import StoreURLError, quote
 from capgate.gateway.state.backend import Backend
-from capgate.gateway.state.errors import StoreURLError
 from capgate.gateway.state.postgres import PostgresBackend
 from capgate.gateway.state.sql import SqlStore
 from capgate.gateway.state.sqlite import SqliteBackend

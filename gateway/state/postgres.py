@@ -13,7 +13,7 @@
   a scarce resource (``max_connections`` is 100 by default, shared by every
   process), while a host application may run hundreds of threads. A transaction
   borrows one connection for its length; a thread that finds every connection
-  busy waits up to ``busy_timeout`` (then :class:`~capgate.gateway.state.errors.StoreBusy`).
+  busy waits up to ``busy_timeout`` (then :class:`~capgate.gateway.errors.StoreBusy`).
   Connections that broke are dropped, not reused. The pool is a few lines here
   rather than the ``psycopg_pool`` package: it needs no background thread and no
   further dependency, and this store asks nothing more of it.
@@ -33,9 +33,8 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
-from capgate.gateway.errors import cut
+from capgate.gateway.errors import StoreBusy, StoreError, cut
 from capgate.gateway.state.backend import Dialect, LockName, Session
-from capgate.gateway.state.errors import StoreBusy, StoreError
 
 if TYPE_CHECKING:
     import psycopg

@@ -46,13 +46,11 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from capgate.gateway.digest import canonical_json
-from capgate.gateway.errors import InvalidInput, quote
-from capgate.gateway.model.facts import ConnectionStatus, Identifier
-from capgate.gateway.state.backend import Backend, Dialect, LockName, Session
-from capgate.gateway.state.errors import (
+from capgate.gateway.errors import (
     BudgetNotReserved,
     DuplicateOperation,
     DuplicateRecord,
+    InvalidInput,
     PinStale,
     StoreError,
     StoreVersionError,
@@ -62,7 +60,10 @@ from capgate.gateway.state.errors import (
     UnknownProposal,
     UnknownReview,
     UnknownTenant,
+    quote,
 )
+from capgate.gateway.model.facts import ConnectionStatus, Identifier
+from capgate.gateway.state.backend import Backend, Dialect, LockName, Session
 from capgate.gateway.state.ledger import (
     ENTRY_FIELDS,
     GENESIS_HASH,

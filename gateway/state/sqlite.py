@@ -7,7 +7,7 @@
   writer lock at the start, so writers serialise in this process and in every
   other process on the same file, and a transaction that read something can never
   fail to upgrade to a writer later. Waiting for the lock is bounded by
-  ``busy_timeout``; past it, :class:`~capgate.gateway.state.errors.StoreBusy`.
+  ``busy_timeout``; past it, :class:`~capgate.gateway.errors.StoreBusy`.
 - **Writers of this process queue** on one in-process lock before ``BEGIN
   IMMEDIATE``. SQLite's own busy handler polls, sleeping 1, 2, 5 ... 100 ms
   between tries, so two threads of one gateway contending for the writer lock
@@ -37,9 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from capgate.gateway.errors import cut
+from capgate.gateway.errors import StoreBusy, StoreError, cut
 from capgate.gateway.state.backend import Dialect, LockName, Session
-from capgate.gateway.state.errors import StoreBusy, StoreError
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "SQLITE", "SqliteBackend"]
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
 
-from capgate.gateway.errors import InvalidInput, quote
-from capgate.gateway.state.errors import StoreError
+from capgate.gateway.errors import InvalidInput, StoreError, quote
 
 __all__ = ["Clock", "from_text", "read_clock", "system_clock", "to_text"]
 

@@ -85,6 +85,8 @@ from capgate.gateway.errors import (
     CapgateError,
     InvalidInput,
     OperationConflict,
+    UnknownConnection,
+    UnknownProposal,
 )
 from capgate.gateway.model.contracts import Catalogue, Idempotency
 from capgate.gateway.model.decisions import ExecuteDecision
@@ -92,7 +94,6 @@ from capgate.gateway.model.facts import ExecuteInput, Principal, Stage
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.requests import AgentRequest
-from capgate.gateway.state.errors import UnknownConnection, UnknownProposal
 from capgate.gateway.state.records import (
     BudgetState,
     LedgerRow,

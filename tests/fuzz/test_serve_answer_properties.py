@@ -64,14 +64,16 @@ from capgate.gateway.errors import (
     InvalidInput,
     OperationConflict,
     PolicyUnavailable,
+    StoreBusy,
+    StoreError,
     ToolNotRegistered,
+    UnknownTenant,
 )
 from capgate.gateway.model.contracts import ToolContract
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.schema.validator import schema_validator
-from capgate.gateway.state.errors import StoreBusy, StoreError, UnknownTenant
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code

@@ -40,6 +40,9 @@ from capgate.gateway.errors import (
     InvalidInput,
     OperationConflict,
     ToolFailed,
+    UnknownConnection,
+    UnknownProposal,
+    UnknownTenant,
 )
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ConnectionStatus, Principal
@@ -48,7 +51,6 @@ from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import StaticCredentials
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
-from capgate.gateway.state.errors import UnknownConnection, UnknownProposal, UnknownTenant
 from capgate.gateway.state.records import (
     OperationStatus,
     ProposalRecord,

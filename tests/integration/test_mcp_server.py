@@ -26,9 +26,10 @@ import pytest
 import yaml
 from mcp.shared.exceptions import MCPError
 
-from capgate.adapters.fronts.mcp.config import Binding, ConfigError, parse_config, token_digest
+from capgate.adapters.fronts.mcp.config import Binding, parse_config, token_digest
 from capgate.cli.main import main
 from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.errors import ConfigError
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway

@@ -125,7 +125,7 @@ def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, tran
 
 
 def _listing(tools: object) -> bool:
-    from capgate.adapters.tools.mcp.config import UpstreamUnavailable
+    from capgate.gateway.errors import UpstreamUnavailable
 
     try:
         tools.discover()  # type: ignore[attr-defined]

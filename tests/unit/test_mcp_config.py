@@ -15,12 +15,7 @@ from typing import Any
 
 import pytest
 
-from capgate.adapters.tools.mcp.config import (
-    ServerSpec,
-    UpstreamConfigError,
-    parse_servers,
-    servers_from_env,
-)
+from capgate.adapters.tools.mcp.config import ServerSpec, parse_servers, servers_from_env
 from capgate.adapters.tools.mcp.definitions import (
     annotation_hints,
     definition_diff,
@@ -30,7 +25,7 @@ from capgate.adapters.tools.mcp.definitions import (
 )
 from capgate.adapters.tools.mcp.pins import quarantine_reason
 from capgate.gateway.catalogue import compile_catalogue
-from capgate.gateway.errors import InvalidInput
+from capgate.gateway.errors import InvalidInput, UpstreamConfigError
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.state.records import PinRecord, PinStatus

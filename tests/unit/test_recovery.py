@@ -12,9 +12,9 @@ from typing import Any, cast
 
 import pytest
 
+from capgate.gateway.errors import StoreError
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.recovery import Reconciler
-from capgate.gateway.state.errors import StoreError
 
 #: How long a test waits for the thread before calling it hung.
 HANG: float = 60.0

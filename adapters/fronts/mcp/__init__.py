@@ -13,12 +13,7 @@ Only ``config`` and ``command`` are imported by ``capgate`` itself; the others n
 the ``mcp`` extra (``pip install 'capgate[mcp]'``). docs/mcp-server.md is the guide.
 """
 
-from capgate.adapters.fronts.mcp.config import (
-    Binding,
-    ConfigError,
-    ServeConfig,
-    load_config,
-    token_digest,
-)
+from capgate.adapters.fronts.mcp.config import Binding, ServeConfig, load_config, token_digest
+from capgate.gateway.errors import ConfigError
 
 __all__ = ["Binding", "ConfigError", "ServeConfig", "load_config", "token_digest"]

@@ -47,7 +47,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from capgate.adapters.tools.mcp.config import ServerSpec, parse_servers
-from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.errors import CapgateError, ConfigError, InvalidInput, quote
 from capgate.gateway.model.facts import Identifier
 from capgate.gateway.service.credentials import (
     CredentialResolver,
@@ -61,7 +61,6 @@ from capgate.gateway.tools.contract import Adapter
 __all__ = [
     "DEFAULT_POLL_SECONDS",
     "Binding",
-    "ConfigError",
     "HttpBinding",
     "ServeConfig",
     "bindings_of",
@@ -73,12 +72,6 @@ __all__ = [
 #: How often each session composes again to notice that its visible set changed.
 DEFAULT_POLL_SECONDS: Final = 1.0
 _HEX64: Final = r"^[0-9a-f]{64}$"
-
-
-class ConfigError(CapgateError):
-    """The server's configuration file is missing, unsafe or invalid; nothing was served."""
-
-    code = "serve_config_invalid"
 
 
 def token_digest(token: str) -> str:

@@ -82,12 +82,13 @@ from capgate.gateway.errors import (
     CredentialUnavailable,
     InvalidInput,
     PolicyUnavailable,
+    StoreError,
     ToolNotRegistered,
+    UnknownTenant,
     cut,
 )
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.schema.validator import schema_validator
-from capgate.gateway.state.errors import StoreError, UnknownTenant
 from capgate.gateway.state.records import ProposalRecord
 
 __all__ = [

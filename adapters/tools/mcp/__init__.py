@@ -18,10 +18,10 @@ from capgate.adapters.tools.mcp.config import (
     MCP_ORACLE_ENV,
     MCP_SERVERS_ENV,
     ServerSpec,
-    UpstreamConfigError,
     parse_servers,
     servers_from_env,
 )
+from capgate.gateway.errors import UpstreamConfigError
 
 if TYPE_CHECKING:
     from capgate.adapters.tools.mcp.client import McpTools

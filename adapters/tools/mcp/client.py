@@ -100,10 +100,16 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from referencing import Registry
 
-from capgate.adapters.tools.mcp.config import ServerSpec, UpstreamConfigError, UpstreamUnavailable
+from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.adapters.tools.mcp.definitions import tool_definition
 from capgate.adapters.tools.mcp.pins import record_listing
-from capgate.gateway.errors import InvalidInput, cut, quote
+from capgate.gateway.errors import (
+    InvalidInput,
+    UpstreamConfigError,
+    UpstreamUnavailable,
+    cut,
+    quote,
+)
 from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
 from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
 from capgate.gateway.state.records import PinRecord, PinStatus, definition_digest

@@ -28,16 +28,14 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import ClassVar, Final
+from typing import Final
 
-from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.errors import UpstreamConfigError, quote
 
 __all__ = [
     "MCP_ORACLE_ENV",
     "MCP_SERVERS_ENV",
     "ServerSpec",
-    "UpstreamConfigError",
-    "UpstreamUnavailable",
     "parse_servers",
     "servers_from_env",
 ]
@@ -49,19 +47,6 @@ MCP_ORACLE_ENV: Final = "MCP_ORACLE"
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "::1"})
 _ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 _NAMED: Final = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.:/-]{0,127})=(.*)$", re.S)
-
-
-class UpstreamConfigError(InvalidInput):
-    """``MCP_SERVERS`` (or a server spec) is not something capgate will connect to."""
-
-    code: ClassVar[str] = "upstream_config_invalid"
-
-
-class UpstreamUnavailable(CapgateError):
-    """An upstream server could not be started, reached or listed (``capgate mcp
-    discover``; a call's failure is an outcome instead, never this)."""
-
-    code: ClassVar[str] = "upstream_unavailable"
 
 
 @dataclass(frozen=True, slots=True)

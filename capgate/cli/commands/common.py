@@ -31,16 +31,22 @@ import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.errors import (
+    InvalidInput,
+    StoreBusy,
+    StoreError,
+    StoreNotFound,
+    StoreURLError,
+    quote,
+)
 from capgate.gateway.model.facts import Identifier
 from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
 from capgate.gateway.state import open_store, parse_store_url
-from capgate.gateway.state.errors import StoreBusy, StoreError, StoreURLError
 from capgate.gateway.state.records import MAX_AMOUNT
 from capgate.gateway.state.store import Store
 from capgate.gateway.state.times import to_text
@@ -57,8 +63,6 @@ __all__ = [
     "STORE_EXITS",
     "Actions",
     "ExitRows",
-    "OperationNotInLedger",
-    "StoreNotFound",
     "add_action",
     "add_by",
     "add_group",
@@ -97,18 +101,6 @@ STORE_EXITS: Final[ExitRows] = (
     (EXIT_OK, "success"),
     (EXIT_ERROR, "error: bad input, unknown tenant, proposal or connection, store unusable"),
 )
-
-
-class StoreNotFound(StoreError):
-    """``--store`` names a SQLite file that does not exist (only ``tenants add`` makes one)."""
-
-    code: ClassVar[str] = "store_not_found"
-
-
-class OperationNotInLedger(StoreError):
-    """``ledger show --operation`` names an operation the ledger has no row of."""
-
-    code: ClassVar[str] = "unknown_operation"
 
 
 # -- exit codes and parsers ----------------------------------------------------------------

@@ -19,7 +19,6 @@ from capgate.cli.commands.common import (
     EXIT_OK,
     STORE_EXITS,
     Actions,
-    OperationNotInLedger,
     add_action,
     add_group,
     add_json,
@@ -32,8 +31,7 @@ from capgate.cli.commands.common import (
     when,
 )
 from capgate.cli.commands.state import require_tenant
-from capgate.gateway.errors import quote
-from capgate.gateway.state.errors import UnknownProposal
+from capgate.gateway.errors import OperationNotInLedger, UnknownProposal, quote
 from capgate.gateway.state.records import LedgerRow
 
 __all__ = ["register"]

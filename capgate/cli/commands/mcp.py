@@ -29,12 +29,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Final
 
-from capgate.adapters.tools.mcp.config import (
-    ServerSpec,
-    UpstreamConfigError,
-    parse_servers,
-    servers_from_env,
-)
+from capgate.adapters.tools.mcp.config import ServerSpec, parse_servers, servers_from_env
 from capgate.adapters.tools.mcp.definitions import annotation_hints, definition_diff
 from capgate.adapters.tools.mcp.pins import accept_definition, reject_definition
 from capgate.cli.commands.common import (
@@ -55,9 +50,8 @@ from capgate.cli.commands.common import (
     when,
 )
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.errors import InvalidInput
+from capgate.gateway.errors import InvalidInput, PinStale, UpstreamConfigError
 from capgate.gateway.model.contracts import Catalogue, ToolContract
-from capgate.gateway.state.errors import PinStale
 from capgate.gateway.state.records import PinRecord, PinStatus
 
 __all__ = ["configured_servers", "register"]

@@ -47,11 +47,10 @@ from capgate.cli.commands.common import (
 from capgate.cli.commands.state import require_tenant
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.errors import CapabilityViolation, CapgateError
+from capgate.gateway.errors import CapabilityViolation, CapgateError, UnknownProposal
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
-from capgate.gateway.state.errors import UnknownProposal
 from capgate.gateway.state.records import (
     OperationRecord,
     ProposalRecord,

@@ -41,17 +41,19 @@ from capgate.cli.commands.common import (
     when,
 )
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.errors import InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.errors import (
+    DuplicateRecord,
+    InvalidInput,
+    PolicyUnavailable,
+    StoreError,
+    UnknownConnection,
+    UnknownTenant,
+    quote,
+)
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, ReviewDecision
 from capgate.gateway.model.facts import ComposeInput, ConnectionStatus, ExecuteInput, ReviewInput
 from capgate.gateway.service.credentials import EnvironmentCredentials
 from capgate.gateway.service.gateway import Gateway
-from capgate.gateway.state.errors import (
-    DuplicateRecord,
-    StoreError,
-    UnknownConnection,
-    UnknownTenant,
-)
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
