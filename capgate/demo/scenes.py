@@ -43,7 +43,6 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.model.facts import ConnectionStatus, Principal
 from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
@@ -235,24 +234,15 @@ def _oracle_grove(trace: _Trace, gate: Mapping[str, str]) -> OracleRun:
             close()
 
 
-def _explained(gateway: Gateway, request: AgentRequest) -> ComposeDecision:
-    """Compose with the reasons for every hidden tool, which the demo shows people.
-
-    An agent's compose carries the visible names only; reasons are asked for
-    explicitly (capgate/explain/compose), under the same facts from the store.
-    """
-    return gateway.dispatcher.compose(gateway.compose_facts(request), reasons=True)
-
-
 def _review_oracle_definition(trace: _Trace, gateway: Gateway, teller: AgentRequest) -> None:
     """Before the scene: the oracle's MCP definition is quarantined until reviewed."""
     trace.say("  -- a reviewer accepts the oracle server's tool definition")
-    hidden = _explained(gateway, teller)
+    hidden = gateway.compose(teller, reasons=True)
     trace.expect(
         hidden.reasons_for("oracle") == ["tool_quarantined"],
         "before review the oracle is hidden: tool_quarantined (no definition accepted)",
     )
-    adapter = gateway.dispatcher.registry.adapter_for("oracle")
+    adapter = gateway.registry.adapter_for("oracle")
     listings = adapter.discover()  # type: ignore[union-attr]
     with gateway.store.transaction(read_only=True) as tx:
         shown = [tx.get_pin(server, "oracle") for server in listings]
@@ -398,7 +388,8 @@ def _sales_agent(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         "sales sees the CRM and quote tools, not payment.execute",
     )
     trace.expect(
-        _explained(gateway, sales.request).reasons_for("payment.execute") == ["role_not_granted"],
+        gateway.compose(sales.request, reasons=True).reasons_for("payment.execute")
+        == ["role_not_granted"],
         "payment.execute is hidden from sales by role alone",
     )
     sales.call_tool("contact.read", contact_id="c-42")

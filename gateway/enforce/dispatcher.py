@@ -315,9 +315,13 @@ class Dispatcher:
         budget: Budget | None = None,
         operation: OperationState | None = None,
         proposal: ProposalRef | None = None,
+        version: int | None = None,
     ) -> ExecuteInput:
         """The execute input for a prepared call and the facts gathered for it.
 
+        ``version`` is the contract version the call is made under: the catalogue's
+        (None), or for a dispatched proposal the one that was proposed and approved,
+        so that a contract changed since the review is denied (``version_mismatch``).
         The facts are dumped and validated once, with the rest of the input (not first
         on their own: that was a tenth of this method's time); a bad fact is still
         named as one of the facts.
@@ -329,6 +333,8 @@ class Dispatcher:
             )
         if not isinstance(stage, Stage):
             raise InvalidInput(f"stage must be a Stage, not a {type(stage).__name__}")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise InvalidInput(f"version must be an int or None, not a {type(version).__name__}")
         for name, value, model in (
             ("budget", budget, Budget),
             ("operation", operation, OperationState),
@@ -342,7 +348,7 @@ class Dispatcher:
         call: dict[str, Any] = {
             "tool": prepared.tool,
             # An unknown tool has no version of ours; OPA denies it as unknown_tool.
-            "version": contract.version if contract else 1,
+            "version": version if version is not None else (contract.version if contract else 1),
             # An approval is for one operation: calling under it continues that operation.
             "operation_id": operation_id
             or (approval.operation_id if approval is not None else None)

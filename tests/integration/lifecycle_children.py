@@ -32,7 +32,9 @@ from typing import Any, Final
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service import operations
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.operations import Operations
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationRecord
 from tests.integration.lifecycle_support import (
@@ -129,47 +131,48 @@ def _die() -> None:
 
 
 def _install_crash(step: str, provider: FileProvider) -> None:
-    """Make this process SIGKILL itself at ``step`` (gateway internals, patched here)."""
+    """Make this process SIGKILL itself at ``step`` (gateway internals, patched here:
+    the operation's steps are :class:`capgate.gateway.service.operations.Operations`')."""
     if step == "after_decision":
 
-        def execute(self: Gateway, *args: Any, **kwargs: Any) -> Any:
+        def run(self: Operations, *args: Any, **kwargs: Any) -> Any:
             _die()
 
-        Gateway._execute = execute  # type: ignore[method-assign]
+        Operations.run = run  # type: ignore[method-assign]
     elif step == "during_intent":
-        entry = Gateway._entry
+        entry = operations.entry
 
-        def entry_or_die(self: Gateway, kind: str, *args: Any, **kwargs: Any) -> Any:
+        def entry_or_die(kind: str, *args: Any, **kwargs: Any) -> Any:
             if kind == "intent":  # built just before it is appended and committed
                 _die()
-            return entry(self, kind, *args, **kwargs)
+            return entry(kind, *args, **kwargs)
 
-        Gateway._entry = entry_or_die  # type: ignore[method-assign]
+        operations.entry = entry_or_die  # type: ignore[assignment]
     elif step == "after_intent":
-        claim = Gateway._claim
+        claim = Operations._claim
 
-        def claim_then_die(self: Gateway, *args: Any, **kwargs: Any) -> Any:
+        def claim_then_die(self: Operations, *args: Any, **kwargs: Any) -> Any:
             result = claim(self, *args, **kwargs)
             claimed = result[0] if isinstance(result, tuple) else result
             if isinstance(claimed, OperationRecord):  # this process now runs it
                 _die()
             return result
 
-        Gateway._claim = claim_then_die  # type: ignore[method-assign]
+        Operations._claim = claim_then_die  # type: ignore[method-assign]
     elif step == "before_effect":
         provider.before_effect = lambda tool: _die()
     elif step == "after_effect":
         provider.after_effect = lambda tool: _die()
     elif step in ("before_record", "after_record"):
-        finish = Gateway._finish
+        finish = Operations._finish
 
-        def finish_and_die(self: Gateway, *args: Any, **kwargs: Any) -> None:
+        def finish_and_die(self: Operations, *args: Any, **kwargs: Any) -> None:
             if step == "before_record":
                 _die()
             finish(self, *args, **kwargs)
             _die()
 
-        Gateway._finish = finish_and_die  # type: ignore[method-assign]
+        Operations._finish = finish_and_die  # type: ignore[method-assign]
     else:
         raise ValueError(step)
 

@@ -236,13 +236,9 @@ class GatewayMCP:
 
     async def visible(self, caller: Caller) -> frozenset[str]:
         """What the caller may see now, asked of OPA without a ledger row."""
-        gateway = self.gateway
-
-        def compose() -> frozenset[str]:
-            facts = gateway.compose_facts(caller.request)
-            return frozenset(gateway.dispatcher.compose(facts).visible)
-
-        return await self._in_thread(self._decisions, compose)
+        return await self._in_thread(
+            self._decisions, functools.partial(self.gateway.visible, caller.request)
+        )
 
     async def _visible_or_none(self, caller: Caller, failing: list[bool]) -> frozenset[str]:
         """:meth:`visible`, or the empty set when no decision can be had (fail closed).

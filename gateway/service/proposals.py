@@ -1,0 +1,394 @@
+"""Proposals and reviews: what a reviewed call becomes, and a person's verdict on it.
+
+A tool whose calls are reviewed is not run when an agent calls it: the exact
+content and recipient are frozen into a proposal (with the operation id that will
+carry it, and the unsettled operations of the same content it may repeat). A
+reviewer's verdict is itself an OPA decision (``capgate/review``), and an approval
+binds the proposal's digest, operation and tenant until it expires. Dispatching an
+approved proposal is the gateway's (:meth:`Gateway.dispatch`), which asks OPA again
+with the facts of that moment; a denial then blocks the proposal here.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Final, Protocol
+
+from capgate.gateway.enforce.dispatcher import Authorised, PolicyDecider, policy_revision
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    DuplicateOperation,
+    InvalidInput,
+    OperationConflict,
+    PolicyUnavailable,
+    UnknownProposal,
+    quote,
+)
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import Reason, ReviewDecision
+from capgate.gateway.model.facts import Approval, Principal, ReviewInput
+from capgate.gateway.service.ledger import append, entry, who
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.records import (
+    LedgerEntry,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    ReviewVerdict,
+)
+from capgate.gateway.state.store import Store
+
+__all__ = [
+    "DEFAULT_APPROVAL_TTL",
+    "MAX_APPROVAL_TTL",
+    "Proposals",
+    "ReviewPolicy",
+    "approval_fact",
+    "block",
+    "latest_approval",
+    "read_proposal",
+]
+
+log = logging.getLogger("capgate.service")
+
+#: How long an approval stays good for its one dispatch, unless the reviewer says.
+DEFAULT_APPROVAL_TTL: Final = timedelta(hours=24)
+#: The longest an approval may be given for: a year. Longer is a mistake (and far
+#: enough out, an expiry the calendar cannot hold).
+MAX_APPROVAL_TTL: Final = timedelta(days=366)
+
+
+class ReviewPolicy(PolicyDecider, Protocol):
+    """A policy decider that also answers the review question (``PolicyClient`` does)."""
+
+    def review(self, facts: ReviewInput) -> ReviewDecision: ...
+
+
+class _Lost(Exception):
+    """Raised inside the review's transaction (rolling it back) when a concurrent
+    review of the same proposal committed first."""
+
+
+class Proposals:
+    """Proposes reviewed calls and records reviews, for one gateway's store and policy."""
+
+    def __init__(
+        self,
+        store: Store,
+        catalogue: Catalogue,
+        policy: ReviewPolicy,
+        *,
+        approval_ttl: timedelta,
+    ) -> None:
+        self.store = store
+        self.catalogue = catalogue
+        self.policy = policy
+        self.approval_ttl = approval_ttl
+
+    def propose(self, authorised: Authorised, request: AgentRequest) -> ProposalRecord:
+        contract = authorised.contract
+        with self.store.transaction() as tx:
+            # The same content as an operation whose outcome is still open (running, or
+            # unknown until looked up): approving this one may do it a second time. The
+            # proposal says so, to the agent and to its reviewers.
+            twins = [
+                twin
+                for twin in tx.unsettled_twins(
+                    request.tenant, contract.name, authorised.prepared.digest
+                )
+                if twin != authorised.operation_id
+            ]
+            proposal = ProposalRecord(
+                id=f"prop-{uuid.uuid4().hex[:20]}",
+                tenant=request.tenant,
+                task_id=request.task_id,
+                proposer=request.principal,
+                environment=request.environment,
+                task=request.task.model_dump(mode="json"),
+                tool=contract.name,
+                contract_version=contract.version,
+                execution_action=contract.dispatch_action,
+                params=authorised.prepared.params,
+                params_digest=authorised.prepared.digest,
+                operation_id=authorised.operation_id,
+                decision_id=authorised.decision_id,
+                status=ProposalStatus.PENDING,
+                created_at=tx.now,
+                updated_at=tx.now,
+                unsettled_twins=twins,
+            )
+            # An id some call already used would only collide at dispatch, after a
+            # person reviewed the proposal: refuse it now.
+            used = tx.get_operation(request.tenant, authorised.operation_id)
+            if used is not None and (used.tool, used.params_digest) != (
+                proposal.tool,
+                proposal.params_digest,
+            ):
+                raise OperationConflict(
+                    f"operation {quote(authorised.operation_id)} was used for another call "
+                    "(tool or parameters differ); use a new operation id"
+                )
+            try:
+                stored = tx.insert_proposal(proposal)
+            except DuplicateOperation:
+                stored = None
+            if stored is None:
+                existing = tx.proposal_for_operation(request.tenant, authorised.operation_id)
+                if existing is None or (existing.tool, existing.params_digest) != (
+                    proposal.tool,
+                    proposal.params_digest,
+                ):
+                    raise OperationConflict(
+                        f"operation {quote(authorised.operation_id)} was already proposed "
+                        "with other parameters"
+                    ) from None
+                return existing
+            tx.append(
+                entry(
+                    "proposal",
+                    authorised,
+                    proposal_id=stored.id,
+                    outcome=stored.status.value,
+                    detail={
+                        "task": request.task_id,
+                        "params_digest": stored.params_digest,
+                        **({"unsettled_twins": twins} if twins else {}),
+                    },
+                )
+            )
+        log.info(
+            "proposed tool=%s proposal=%s operation=%s decision=%s",
+            contract.name,
+            stored.id,
+            stored.operation_id,
+            stored.decision_id,
+        )
+        if twins:
+            log.warning(
+                "proposal=%s has the content of unsettled operation(s) %s: approving it may "
+                "repeat what they did",
+                stored.id,
+                ",".join(twins),
+            )
+        return stored
+
+    def review(
+        self,
+        proposal_id: str,
+        reviewer: Principal,
+        verdict: ReviewVerdict | str,
+        *,
+        ttl: timedelta | None = None,
+    ) -> ReviewRecord:
+        """A reviewer approves or rejects a pending proposal, if OPA says they may.
+
+        Raises UnknownProposal, CapabilityViolation (the review policy's reasons,
+        e.g. self_review or reviewer_not_permitted) or PolicyUnavailable; an approval
+        binds the proposal's digest, operation and tenant and expires after ``ttl``.
+        """
+        if not isinstance(reviewer, Principal):
+            raise InvalidInput(f"reviewer must be a Principal, not a {type(reviewer).__name__}")
+        try:
+            verdict = ReviewVerdict(verdict)
+        except ValueError:
+            raise InvalidInput(
+                f"verdict {quote(str(verdict), 40)} is not 'approved' or 'rejected'"
+            ) from None
+        ttl = self.approval_ttl if ttl is None else ttl
+        if not isinstance(ttl, timedelta):
+            raise InvalidInput(f"ttl must be a timedelta or None, not a {type(ttl).__name__}")
+        if ttl <= timedelta(0) or ttl > MAX_APPROVAL_TTL:
+            raise InvalidInput(
+                f"an approval's time to live must be positive and at most "
+                f"{MAX_APPROVAL_TTL.days} days"
+            )
+        proposal = read_proposal(self.store, proposal_id)
+        facts = ReviewInput.model_validate(
+            {
+                "reviewer": reviewer,
+                "proposal": {
+                    "id": proposal.id,
+                    "tenant": proposal.tenant,
+                    "tool": proposal.tool,
+                    "status": proposal.status.value,
+                    "proposer": proposal.proposer,
+                },
+                "verdict": verdict.value,
+            }
+        )
+        decision = _ask_review(self.policy, facts)
+        row = LedgerEntry(
+            kind="review",
+            tenant=proposal.tenant,
+            principal=who(reviewer),
+            tool=proposal.tool,
+            contract_version=proposal.contract_version,
+            operation_id=proposal.operation_id,
+            proposal_id=proposal.id,
+            decision_id=decision.decision_id,
+            policy_revision=policy_revision(decision.bundle_revisions),
+        )
+        if not decision.allow or decision.reasons:
+            append(
+                self.store,
+                row.model_copy(
+                    update={"outcome": "refused", "reason_codes": decision.reason_codes}
+                ),
+            )
+            if decision.allow:  # an allow with reasons contradicts itself: refuse it
+                raise PolicyUnavailable("OPA returned an inconsistent review allow")
+            raise CapabilityViolation(
+                f"review of {proposal.tool}", decision.reasons, decision_id=decision.decision_id
+            )
+        contract = self.catalogue.tools.get(proposal.tool)
+        kind = contract.approval.value if contract is not None else "none"
+        try:
+            record = self._record(proposal, reviewer, verdict, kind, ttl, decision, row)
+        except _Lost:
+            # Another review got there first: this one was decided on stale facts. It is
+            # recorded like any refusal, then refused.
+            append(
+                self.store,
+                row.model_copy(
+                    update={
+                        "outcome": "refused",
+                        "reason_codes": ["proposal_not_pending"],
+                        "detail": {"after_allow": True},
+                    }
+                ),
+            )
+            raise CapabilityViolation(
+                f"review of {proposal.tool}",
+                [Reason(code="proposal_not_pending", message="the proposal is no longer pending")],
+                decision_id=decision.decision_id,
+            ) from None
+        log.info("review proposal=%s verdict=%s by=%s", proposal.id, verdict.value, who(reviewer))
+        return record
+
+    def _record(
+        self,
+        proposal: ProposalRecord,
+        reviewer: Principal,
+        verdict: ReviewVerdict,
+        kind: str,
+        ttl: timedelta,
+        decision: ReviewDecision,
+        row: LedgerEntry,
+    ) -> ReviewRecord:
+        """In one transaction: the review, the proposal's new status, the ledger row;
+        _Lost if the proposal is no longer pending."""
+        with self.store.transaction() as tx:
+            current = tx.get_proposal(proposal.id, for_update=True)
+            if current is None or current.status is not ProposalStatus.PENDING:
+                raise _Lost
+            record = tx.insert_review(
+                ReviewRecord(
+                    id=f"rev-{uuid.uuid4().hex[:20]}",
+                    proposal_id=proposal.id,
+                    reviewer=reviewer,
+                    verdict=verdict,
+                    kind=kind,
+                    tenant=proposal.tenant,
+                    tool=proposal.tool,
+                    operation_id=proposal.operation_id,
+                    digest=proposal.params_digest,
+                    expires_at=tx.now + ttl,
+                    decision_id=decision.decision_id,
+                    created_at=tx.now,
+                )
+            )
+            status = (
+                ProposalStatus.APPROVED
+                if verdict is ReviewVerdict.APPROVED
+                else ProposalStatus.REJECTED
+            )
+            tx.update_proposal(proposal.id, status=status, reason_codes=[])
+            tx.append(
+                row.model_copy(update={"outcome": status.value, "detail": {"review": record.id}})
+            )
+        return record
+
+
+def _ask_review(policy: ReviewPolicy, facts: ReviewInput) -> ReviewDecision:
+    try:
+        decision = policy.review(facts)
+    except CapgateError:
+        raise
+    except Exception as exc:
+        raise PolicyUnavailable(
+            f"the policy decider failed on review ({type(exc).__name__}); failing closed"
+        ) from exc
+    if not isinstance(decision, ReviewDecision):
+        raise PolicyUnavailable("the policy answered review with something else")
+    return decision
+
+
+def latest_approval(store: Store, proposal_id: str) -> ReviewRecord | None:
+    with store.transaction(read_only=True) as tx:
+        approvals = [r for r in tx.reviews(proposal_id) if r.verdict is ReviewVerdict.APPROVED]
+    return approvals[-1] if approvals else None
+
+
+def approval_fact(review: ReviewRecord | None, proposal: ProposalRecord) -> Approval | None:
+    """The approval as OPA sees it. ``used`` means consumed by anything but this very
+    operation: a dispatched proposal whose outcome was unknown is continued, not
+    approved twice (the approval binds its one operation id)."""
+    if review is None:
+        return None
+    return Approval(
+        kind=review.kind,
+        tool=review.tool,
+        operation_id=review.operation_id,
+        tenant=review.tenant,
+        digest=review.digest,
+        expires_at=review.expires_at,
+        approved_by=review.reviewer.agent,
+        used=review.consumed_at is not None and proposal.status is not ProposalStatus.DISPATCHED,
+    )
+
+
+def block(
+    store: Store,
+    proposal: ProposalRecord,
+    codes: list[str],
+    decision_id: str | None,
+    revision: str | None = None,
+) -> None:
+    """Block an approved proposal whose dispatch was denied. A pending one is left
+    pending: dispatched before its review, it was early, not overtaken by events,
+    and blocking it would make it impossible to review."""
+    with store.transaction() as tx:
+        current = tx.get_proposal(proposal.id, for_update=True)
+        if current is None or current.status is not ProposalStatus.APPROVED:
+            return
+        tx.update_proposal(proposal.id, status=ProposalStatus.BLOCKED, reason_codes=codes)
+        tx.append(
+            LedgerEntry(
+                kind="dispatch",
+                tenant=proposal.tenant,
+                principal=who(proposal.proposer),
+                tool=proposal.tool,
+                contract_version=proposal.contract_version,
+                operation_id=proposal.operation_id,
+                proposal_id=proposal.id,
+                decision_id=decision_id,
+                policy_revision=revision,
+                outcome=ProposalStatus.BLOCKED.value,
+                reason_codes=codes,
+            )
+        )
+    log.info("blocked proposal=%s reasons=%s", proposal.id, ",".join(codes))
+
+
+def read_proposal(store: Store, proposal_id: str) -> ProposalRecord:
+    """The proposal of that id, or UnknownProposal (InvalidInput for a non-string)."""
+    if not isinstance(proposal_id, str):
+        raise InvalidInput(f"a proposal id is a string, not a {type(proposal_id).__name__}")
+    with store.transaction(read_only=True) as tx:
+        proposal = tx.get_proposal(proposal_id)
+    if proposal is None:
+        raise UnknownProposal(proposal_id)
+    return proposal
