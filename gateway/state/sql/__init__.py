@@ -1,0 +1,5 @@
+"""The store, written once in SQL for both backends (see :mod:`capgate.gateway.state.sql.core`)."""
+
+from capgate.gateway.state.sql.core import MAX_DEFINITION_BYTES, SqlStore, SqlTx
+
+__all__ = ["MAX_DEFINITION_BYTES", "SqlStore", "SqlTx"]
