@@ -27,7 +27,8 @@ from capgate.gateway.state.migrations import (
     read_version,
 )
 from capgate.gateway.state.records import LedgerRow, VerifyReport
-from capgate.gateway.state.sql.core import SqlTx, _amount
+from capgate.gateway.state.sql.core import _amount
+from capgate.gateway.state.sql.tx import SqlTx
 from capgate.gateway.state.times import Clock, read_clock, system_clock, to_text
 
 __all__ = ["SqlStore"]
