@@ -45,7 +45,6 @@ from capgate.gateway.state.records import (
     PinStatus,
     ProposalRecord,
     ReviewRecord,
-    TenantRecord,
 )
 from capgate.gateway.state.times import from_text, to_text
 
@@ -129,10 +128,6 @@ def _amount(value: object, what: str) -> int:
     return int(value)
 
 
-def _limit(value: object, what: str) -> int | None:
-    return None if value is None else _amount(value, what)
-
-
 def _dump(value: Any) -> str:
     """Canonical JSON text (InvalidInput for anything that is not plain JSON)."""
     return canonical_json(value).decode("utf-8")
@@ -151,20 +146,7 @@ def _time(text: object) -> datetime | None:
     return None if text is None else from_text(str(text))
 
 
-def _fits(limit: int | None, reserved: int, spent: int, cost: int) -> bool:
-    """Whether ``cost`` more fits under ``limit`` (written to never overflow)."""
-    return limit is None or limit - reserved - spent >= cost
-
-
 # -- rows to records --------------------------------------------------------------------
-
-
-def _tenant(row: Mapping[str, Any]) -> TenantRecord:
-    return _stored(
-        TenantRecord,
-        {k: row[k] for k in ("tenant", "budget_class", "budget_limit")},
-        "tenant",
-    )
 
 
 def _connection(row: Mapping[str, Any]) -> ConnectionRecord:
