@@ -38,7 +38,6 @@ from capgate.gateway.state.ledger import ENTRY_FIELDS
 from capgate.gateway.state.migrations import read_version
 from capgate.gateway.state.records import (
     MAX_AMOUNT,
-    ConnectionRecord,
     EvidenceRecord,
     OperationRecord,
     PinRecord,
@@ -57,7 +56,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_CONNECTION_COLUMNS: Final = "tenant, alias, status, account, updated_at"
 _EVIDENCE_COLUMNS: Final = "tenant, task_id, name, source, recorded_at"
 _OPERATION_COLUMNS: Final = (
     "tenant, operation_id, tool, params_digest, task_id, status, outcome, cost, attempts, "
@@ -147,10 +145,6 @@ def _time(text: object) -> datetime | None:
 
 
 # -- rows to records --------------------------------------------------------------------
-
-
-def _connection(row: Mapping[str, Any]) -> ConnectionRecord:
-    return _stored(ConnectionRecord, {**row, "updated_at": _time(row["updated_at"])}, "connection")
 
 
 def _evidence(row: Mapping[str, Any]) -> EvidenceRecord:

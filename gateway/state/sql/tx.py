@@ -24,14 +24,12 @@ from capgate.gateway.errors import (
     InvalidInput,
     PinStale,
     StoreError,
-    UnknownConnection,
     UnknownOperation,
     UnknownPin,
     UnknownProposal,
     UnknownReview,
     quote,
 )
-from capgate.gateway.model.facts import ConnectionStatus
 from capgate.gateway.state.ledger import (
     ENTRY_FIELDS,
     GENESIS_HASH,
@@ -41,7 +39,6 @@ from capgate.gateway.state.ledger import (
     row_hash,
 )
 from capgate.gateway.state.records import (
-    ConnectionRecord,
     EvidenceRecord,
     LedgerEntry,
     LedgerRow,
@@ -56,8 +53,8 @@ from capgate.gateway.state.records import (
     VerifyReport,
     definition_digest,
 )
+from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.core import (
-    _CONNECTION_COLUMNS,
     _EVIDENCE_COLUMNS,
     _LEDGER_COLUMNS,
     _OPERATION_COLUMNS,
@@ -66,7 +63,6 @@ from capgate.gateway.state.sql.core import (
     _REVIEW_COLUMNS,
     MAX_DEFINITION_BYTES,
     VERIFY_PAGE,
-    _connection,
     _dump,
     _evidence,
     _identifier,
@@ -86,76 +82,13 @@ from capgate.gateway.state.times import from_text, to_text
 __all__ = ["SqlTx"]
 
 
-class SqlTx(TenantsTx):
+class SqlTx(TenantsTx, ConnectionsTx):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it
     from another thread or afterwards is a StoreError, never a silent write outside
     the transaction.
     """
-
-    # -- connections ------------------------------------------------------------------
-
-    def put_connection(
-        self, tenant: str, alias: str, *, status: ConnectionStatus, account: str
-    ) -> ConnectionRecord:
-        """Create or replace the tenant's connection of that alias."""
-        record = _validated(
-            ConnectionRecord,
-            {
-                "tenant": tenant,
-                "alias": alias,
-                "status": status,
-                "account": account,
-                "updated_at": self.now,
-            },
-            "connection",
-        )
-        self._tenant_row(tenant)
-        self._run(
-            "INSERT INTO connections (tenant, alias, status, account, updated_at) VALUES "
-            "(:tenant, :alias, :status, :account, :now) ON CONFLICT (tenant, alias) DO UPDATE "
-            "SET status = excluded.status, account = excluded.account, "
-            "updated_at = excluded.updated_at",
-            {
-                "tenant": tenant,
-                "alias": alias,
-                "status": record.status.value,
-                "account": record.account,
-                "now": self._at,
-            },
-        )
-        return record
-
-    def set_connection_status(
-        self, tenant: str, alias: str, status: ConnectionStatus
-    ) -> ConnectionRecord:
-        """``UnknownConnection`` if the tenant has no connection with that alias."""
-        try:
-            value = ConnectionStatus(status)
-        except ValueError:
-            raise InvalidInput(f"status: {quote(status)} is not a connection status") from None
-        row = self._row(
-            f"SELECT {_CONNECTION_COLUMNS} FROM connections WHERE tenant = :tenant AND "
-            f"alias = :alias{self._locked(True)}",
-            {"tenant": tenant, "alias": alias},
-        )
-        if row is None:
-            raise UnknownConnection(tenant, alias)
-        self._run(
-            "UPDATE connections SET status = :status, updated_at = :now "
-            "WHERE tenant = :tenant AND alias = :alias",
-            {"tenant": tenant, "alias": alias, "status": value.value, "now": self._at},
-        )
-        return _connection({**row, "status": value.value, "updated_at": self._at})
-
-    def connections(self, tenant: str) -> dict[str, ConnectionRecord]:
-        """Every connection of the tenant by alias (none for an unknown tenant)."""
-        rows = self._rows(
-            f"SELECT {_CONNECTION_COLUMNS} FROM connections WHERE tenant = :tenant ORDER BY alias",
-            {"tenant": tenant},
-        )
-        return {row["alias"]: _connection(row) for row in rows}
 
     # -- evidence ---------------------------------------------------------------------
 
