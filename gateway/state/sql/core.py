@@ -38,7 +38,6 @@ from capgate.gateway.state.ledger import ENTRY_FIELDS
 from capgate.gateway.state.migrations import read_version
 from capgate.gateway.state.records import (
     MAX_AMOUNT,
-    EvidenceRecord,
     OperationRecord,
     PinRecord,
     PinStatus,
@@ -56,7 +55,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_EVIDENCE_COLUMNS: Final = "tenant, task_id, name, source, recorded_at"
 _OPERATION_COLUMNS: Final = (
     "tenant, operation_id, tool, params_digest, task_id, status, outcome, cost, attempts, "
     "lease_until, created_at, updated_at, reserved"
@@ -145,10 +143,6 @@ def _time(text: object) -> datetime | None:
 
 
 # -- rows to records --------------------------------------------------------------------
-
-
-def _evidence(row: Mapping[str, Any]) -> EvidenceRecord:
-    return _stored(EvidenceRecord, {**row, "recorded_at": _time(row["recorded_at"])}, "evidence")
 
 
 def _operation(row: Mapping[str, Any]) -> OperationRecord:

@@ -39,7 +39,6 @@ from capgate.gateway.state.ledger import (
     row_hash,
 )
 from capgate.gateway.state.records import (
-    EvidenceRecord,
     LedgerEntry,
     LedgerRow,
     OperationRecord,
@@ -55,7 +54,6 @@ from capgate.gateway.state.records import (
 )
 from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.core import (
-    _EVIDENCE_COLUMNS,
     _LEDGER_COLUMNS,
     _OPERATION_COLUMNS,
     _PIN_COLUMNS,
@@ -64,7 +62,6 @@ from capgate.gateway.state.sql.core import (
     MAX_DEFINITION_BYTES,
     VERIFY_PAGE,
     _dump,
-    _evidence,
     _identifier,
     _operation,
     _outcome_status,
@@ -76,60 +73,20 @@ from capgate.gateway.state.sql.core import (
     _reviewer,
     _validated,
 )
+from capgate.gateway.state.sql.evidence import EvidenceTx
 from capgate.gateway.state.sql.tenants import TenantsTx
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["SqlTx"]
 
 
-class SqlTx(TenantsTx, ConnectionsTx):
+class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it
     from another thread or afterwards is a StoreError, never a silent write outside
     the transaction.
     """
-
-    # -- evidence ---------------------------------------------------------------------
-
-    def record_evidence(
-        self, tenant: str, task_id: str, name: str, *, source: str
-    ) -> EvidenceRecord:
-        """Record it once; recording the same name again keeps (and returns) the first."""
-        record = _validated(
-            EvidenceRecord,
-            {
-                "tenant": tenant,
-                "task_id": task_id,
-                "name": name,
-                "source": source,
-                "recorded_at": self.now,
-            },
-            "evidence",
-        )
-        self._tenant_row(tenant)
-        key = {"tenant": tenant, "task": task_id, "name": name}
-        self._run(
-            "INSERT INTO evidence (tenant, task_id, name, source, recorded_at) VALUES "
-            "(:tenant, :task, :name, :source, :now) ON CONFLICT DO NOTHING",
-            {**key, "source": record.source, "now": self._at},
-        )
-        row = self._row(
-            f"SELECT {_EVIDENCE_COLUMNS} FROM evidence WHERE tenant = :tenant AND "
-            "task_id = :task AND name = :name",
-            key,
-        )
-        if row is None:  # pragma: no cover - inserted or present in this transaction
-            raise StoreError("evidence vanished while it was recorded")
-        return _evidence(row)
-
-    def evidence(self, tenant: str, task_id: str) -> set[str]:
-        """The names of the evidence recorded for the task."""
-        rows = self._rows(
-            "SELECT name FROM evidence WHERE tenant = :tenant AND task_id = :task",
-            {"tenant": tenant, "task": task_id},
-        )
-        return {row["name"] for row in rows}
 
     # -- operations -------------------------------------------------------------------
 
