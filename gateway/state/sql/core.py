@@ -55,10 +55,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_OPERATION_COLUMNS: Final = (
-    "tenant, operation_id, tool, params_digest, task_id, status, outcome, cost, attempts, "
-    "lease_until, created_at, updated_at, reserved"
-)
 _PROPOSAL_COLUMNS: Final = (
     "id, tenant, task_id, proposer, environment, task, tool, contract_version, "
     "execution_action, params, params_digest, operation_id, decision_id, status, "
@@ -145,22 +141,6 @@ def _time(text: object) -> datetime | None:
 # -- rows to records --------------------------------------------------------------------
 
 
-def _operation(row: Mapping[str, Any]) -> OperationRecord:
-    outcome = row["outcome"]
-    return _stored(
-        OperationRecord,
-        {
-            **row,
-            "outcome": None if outcome is None else _load(outcome, "operation outcome"),
-            "lease_until": _time(row["lease_until"]),
-            "created_at": _time(row["created_at"]),
-            "updated_at": _time(row["updated_at"]),
-            "reserved": bool(row["reserved"]),
-        },
-        "operation",
-    )
-
-
 def _proposal(row: Mapping[str, Any]) -> ProposalRecord:
     return _stored(
         ProposalRecord,
@@ -219,14 +199,6 @@ def _pin_status(observed: str | None, accepted: str | None, rejected: str | None
     if observed is not None and observed == rejected:
         return PinStatus.REJECTED
     return PinStatus.CHANGED if accepted is not None else PinStatus.PENDING
-
-
-def _outcome_status(outcome: Mapping[str, Any] | None) -> str | None:
-    """The status of a stored outcome, kept in its own column for the queries above."""
-    if outcome is None:
-        return None
-    status = outcome.get("status")
-    return status if isinstance(status, str) else None
 
 
 def _proposal_params(p: ProposalRecord) -> dict[str, Any]:

@@ -15,7 +15,6 @@ changes nothing.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from capgate.gateway.errors import (
@@ -24,7 +23,6 @@ from capgate.gateway.errors import (
     InvalidInput,
     PinStale,
     StoreError,
-    UnknownOperation,
     UnknownPin,
     UnknownProposal,
     UnknownReview,
@@ -41,8 +39,6 @@ from capgate.gateway.state.ledger import (
 from capgate.gateway.state.records import (
     LedgerEntry,
     LedgerRow,
-    OperationRecord,
-    OperationStatus,
     PinRecord,
     PinStatus,
     ProposalRecord,
@@ -55,7 +51,6 @@ from capgate.gateway.state.records import (
 from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.core import (
     _LEDGER_COLUMNS,
-    _OPERATION_COLUMNS,
     _PIN_COLUMNS,
     _PROPOSAL_COLUMNS,
     _REVIEW_COLUMNS,
@@ -63,8 +58,6 @@ from capgate.gateway.state.sql.core import (
     VERIFY_PAGE,
     _dump,
     _identifier,
-    _operation,
-    _outcome_status,
     _pin,
     _pin_status,
     _proposal,
@@ -74,186 +67,20 @@ from capgate.gateway.state.sql.core import (
     _validated,
 )
 from capgate.gateway.state.sql.evidence import EvidenceTx
+from capgate.gateway.state.sql.operations import OperationsTx
 from capgate.gateway.state.sql.tenants import TenantsTx
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["SqlTx"]
 
 
-class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx):
+class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx, OperationsTx):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it
     from another thread or afterwards is a StoreError, never a silent write outside
     the transaction.
     """
-
-    # -- operations -------------------------------------------------------------------
-
-    def insert_operation(
-        self,
-        tenant: str,
-        operation_id: str,
-        *,
-        tool: str,
-        params_digest: str,
-        cost: int,
-        task_id: str | None,
-        lease_until: datetime,
-        reserved: bool = True,
-    ) -> OperationRecord | None:
-        """Insert a RUNNING operation (attempts 1); None if the id exists already.
-
-        However many transactions race with one ``(tenant, operation_id)``, in one
-        process or several, exactly one gets a record.
-        """
-        record = _validated(
-            OperationRecord,
-            {
-                "tenant": tenant,
-                "operation_id": operation_id,
-                "tool": tool,
-                "params_digest": params_digest,
-                "task_id": task_id,
-                "status": OperationStatus.RUNNING,
-                "outcome": None,
-                "cost": cost,
-                "attempts": 1,
-                "lease_until": lease_until,
-                "created_at": self.now,
-                "updated_at": self.now,
-                "reserved": reserved,
-            },
-            "operation",
-        )
-        if record.lease_until is None:
-            raise InvalidInput("operation: lease_until is required")
-        self._tenant_row(tenant)
-        inserted = self._run(
-            f"INSERT INTO operations ({_OPERATION_COLUMNS}) VALUES (:tenant, :operation_id, "
-            ":tool, :params_digest, :task_id, :status, NULL, :cost, 1, :lease_until, :now, "
-            ":now, :reserved) ON CONFLICT (tenant, operation_id) DO NOTHING",
-            {
-                "tenant": tenant,
-                "operation_id": operation_id,
-                "tool": record.tool,
-                "params_digest": record.params_digest,
-                "task_id": record.task_id,
-                "status": record.status.value,
-                "cost": record.cost,
-                "lease_until": to_text(record.lease_until),
-                "now": self._at,
-                "reserved": int(record.reserved),
-            },
-        )
-        if inserted != 1:
-            return None
-        self._held[(tenant, operation_id)] = record
-        return record
-
-    def get_operation(
-        self, tenant: str, operation_id: str, *, for_update: bool = False
-    ) -> OperationRecord | None:
-        """``for_update`` locks the row until the transaction ends (PostgreSQL; SQLite's
-        writing transactions hold the whole database already)."""
-        row = self._row(
-            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE tenant = :tenant AND "
-            f"operation_id = :operation_id{self._locked(for_update)}",
-            {"tenant": tenant, "operation_id": operation_id},
-        )
-        if row is None:
-            return None
-        record = _operation(row)
-        if for_update:
-            self._held[(tenant, operation_id)] = record
-        return record
-
-    def update_operation(
-        self,
-        tenant: str,
-        operation_id: str,
-        *,
-        status: OperationStatus,
-        outcome: dict[str, Any] | None,
-        attempts: int,
-        lease_until: datetime | None,
-        reserved: bool | None = None,
-    ) -> OperationRecord:
-        """Record the operation's new state; ``UnknownOperation`` if it does not exist.
-
-        ``reserved`` None keeps the reservation flag as it is."""
-        current = self._held.get((tenant, operation_id)) or self.get_operation(
-            tenant, operation_id, for_update=True
-        )
-        if current is None:
-            raise UnknownOperation(tenant, operation_id)
-        record = _validated(
-            OperationRecord,
-            {
-                **current.model_dump(),
-                "status": status,
-                "outcome": outcome,
-                "attempts": attempts,
-                "lease_until": lease_until,
-                "updated_at": self.now,
-                "reserved": current.reserved if reserved is None else reserved,
-            },
-            "operation",
-        )
-        self._run(
-            "UPDATE operations SET status = :status, outcome = :outcome, "
-            "outcome_status = :outcome_status, attempts = :attempts, "
-            "lease_until = :lease_until, updated_at = :now, reserved = :reserved "
-            "WHERE tenant = :tenant AND operation_id = :operation_id",
-            {
-                "tenant": tenant,
-                "operation_id": operation_id,
-                "status": record.status.value,
-                "outcome": None if record.outcome is None else _dump(record.outcome),
-                "outcome_status": _outcome_status(record.outcome),
-                "attempts": record.attempts,
-                "lease_until": None if record.lease_until is None else to_text(record.lease_until),
-                "now": self._at,
-                "reserved": int(record.reserved),
-            },
-        )
-        self._held[(tenant, operation_id)] = record
-        return record
-
-    def stale_operations(self) -> list[OperationRecord]:
-        """RUNNING operations whose lease ended before ``now``, oldest lease first.
-
-        Rows are not locked: a reconciler takes each with
-        ``get_operation(..., for_update=True)`` and checks it is still stale.
-        """
-        rows = self._rows(
-            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE status = 'running' AND "
-            "lease_until IS NOT NULL AND lease_until < :now "
-            "ORDER BY lease_until, tenant, operation_id",
-            {"now": self._at},
-        )
-        return [_operation(row) for row in rows]
-
-    def unsettled_operations(self) -> list[OperationRecord]:
-        """Finished operations whose outcome is ``unknown``, least recently touched
-        first: what a reconciler looks up. Rows are not locked (as above)."""
-        rows = self._rows(
-            f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE outcome_status = 'unknown' "
-            "AND status = 'done' ORDER BY updated_at, tenant, operation_id",
-        )
-        return [_operation(row) for row in rows]
-
-    def unsettled_twins(self, tenant: str, tool: str, params_digest: str) -> list[str]:
-        """The ids of the tenant's operations of ``tool`` with exactly these parameters
-        that are running or ended ``unknown``: a new operation with the same content
-        may do what one of them already did."""
-        rows = self._rows(
-            "SELECT operation_id FROM operations WHERE tenant = :tenant AND tool = :tool "
-            "AND params_digest = :digest AND (status = 'running' OR outcome_status = 'unknown') "
-            "ORDER BY created_at, operation_id",
-            {"tenant": tenant, "tool": tool, "digest": params_digest},
-        )
-        return [row["operation_id"] for row in rows]
 
     # -- proposals and reviews --------------------------------------------------------
 
