@@ -36,14 +36,7 @@ from capgate.gateway.model.facts import Identifier
 from capgate.gateway.state.backend import Dialect, LockName, Session
 from capgate.gateway.state.ledger import ENTRY_FIELDS
 from capgate.gateway.state.migrations import read_version
-from capgate.gateway.state.records import (
-    MAX_AMOUNT,
-    OperationRecord,
-    PinRecord,
-    PinStatus,
-    ProposalRecord,
-    ReviewRecord,
-)
+from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord, PinRecord, PinStatus
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["TxCore"]
@@ -55,15 +48,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_PROPOSAL_COLUMNS: Final = (
-    "id, tenant, task_id, proposer, environment, task, tool, contract_version, "
-    "execution_action, params, params_digest, operation_id, decision_id, status, "
-    "reason_codes, created_at, updated_at, unsettled_twins"
-)
-_REVIEW_COLUMNS: Final = (
-    "id, proposal_id, reviewer, verdict, kind, tenant, tool, operation_id, digest, "
-    "expires_at, consumed_at, decision_id, created_at"
-)
 _PIN_COLUMNS: Final = (
     "server, tool, status, observed_digest, observed_definition, observed_at, catalogue_tool, "
     "accepted_digest, accepted_definition, accepted_by, accepted_at, rejected_digest, "
@@ -141,37 +125,6 @@ def _time(text: object) -> datetime | None:
 # -- rows to records --------------------------------------------------------------------
 
 
-def _proposal(row: Mapping[str, Any]) -> ProposalRecord:
-    return _stored(
-        ProposalRecord,
-        {
-            **row,
-            "proposer": _load(row["proposer"], "proposal proposer"),
-            "task": _load(row["task"], "proposal task"),
-            "params": _load(row["params"], "proposal params"),
-            "reason_codes": _load(row["reason_codes"], "proposal reason codes"),
-            "unsettled_twins": _load(row["unsettled_twins"], "proposal unsettled twins"),
-            "created_at": _time(row["created_at"]),
-            "updated_at": _time(row["updated_at"]),
-        },
-        "proposal",
-    )
-
-
-def _review(row: Mapping[str, Any]) -> ReviewRecord:
-    return _stored(
-        ReviewRecord,
-        {
-            **row,
-            "reviewer": _load(row["reviewer"], "review reviewer"),
-            "expires_at": _time(row["expires_at"]),
-            "consumed_at": _time(row["consumed_at"]),
-            "created_at": _time(row["created_at"]),
-        },
-        "review",
-    )
-
-
 def _pin(row: Mapping[str, Any]) -> PinRecord:
     def document(column: str) -> Any:
         text = row[column]
@@ -199,29 +152,6 @@ def _pin_status(observed: str | None, accepted: str | None, rejected: str | None
     if observed is not None and observed == rejected:
         return PinStatus.REJECTED
     return PinStatus.CHANGED if accepted is not None else PinStatus.PENDING
-
-
-def _proposal_params(p: ProposalRecord) -> dict[str, Any]:
-    return {
-        "id": p.id,
-        "tenant": p.tenant,
-        "task_id": p.task_id,
-        "proposer": _dump(p.proposer.model_dump(mode="json")),
-        "environment": p.environment,
-        "task": _dump(p.task),
-        "tool": p.tool,
-        "contract_version": p.contract_version,
-        "execution_action": p.execution_action,
-        "params": _dump(p.params),
-        "params_digest": p.params_digest,
-        "operation_id": p.operation_id,
-        "decision_id": p.decision_id,
-        "status": p.status.value,
-        "reason_codes": _dump(p.reason_codes),
-        "created_at": to_text(p.created_at, "created_at"),
-        "updated_at": to_text(p.updated_at, "updated_at"),
-        "unsettled_twins": _dump(p.unsettled_twins),
-    }
 
 
 # -- the transaction ----------------------------------------------------------------------

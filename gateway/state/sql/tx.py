@@ -17,17 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capgate.gateway.errors import (
-    DuplicateOperation,
-    DuplicateRecord,
-    InvalidInput,
-    PinStale,
-    StoreError,
-    UnknownPin,
-    UnknownProposal,
-    UnknownReview,
-    quote,
-)
+from capgate.gateway.errors import InvalidInput, PinStale, StoreError, UnknownPin, quote
 from capgate.gateway.state.ledger import (
     ENTRY_FIELDS,
     GENESIS_HASH,
@@ -41,10 +31,6 @@ from capgate.gateway.state.records import (
     LedgerRow,
     PinRecord,
     PinStatus,
-    ProposalRecord,
-    ProposalStatus,
-    ReviewRecord,
-    ReviewVerdict,
     VerifyReport,
     definition_digest,
 )
@@ -52,172 +38,31 @@ from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.core import (
     _LEDGER_COLUMNS,
     _PIN_COLUMNS,
-    _PROPOSAL_COLUMNS,
-    _REVIEW_COLUMNS,
     MAX_DEFINITION_BYTES,
     VERIFY_PAGE,
     _dump,
     _identifier,
     _pin,
     _pin_status,
-    _proposal,
-    _proposal_params,
-    _review,
     _reviewer,
     _validated,
 )
 from capgate.gateway.state.sql.evidence import EvidenceTx
 from capgate.gateway.state.sql.operations import OperationsTx
+from capgate.gateway.state.sql.proposals import ProposalsTx
 from capgate.gateway.state.sql.tenants import TenantsTx
-from capgate.gateway.state.times import from_text, to_text
+from capgate.gateway.state.times import from_text
 
 __all__ = ["SqlTx"]
 
 
-class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx, OperationsTx):
+class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx, OperationsTx, ProposalsTx):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it
     from another thread or afterwards is a StoreError, never a silent write outside
     the transaction.
     """
-
-    # -- proposals and reviews --------------------------------------------------------
-
-    def insert_proposal(self, proposal: ProposalRecord) -> ProposalRecord:
-        """``DuplicateOperation`` if the tenant already has a proposal for that id,
-        ``DuplicateRecord`` if a proposal has that id."""
-        record = _validated(ProposalRecord, proposal.model_dump(), "proposal")
-        self._tenant_row(record.tenant)
-        inserted = self._run(
-            f"INSERT INTO proposals ({_PROPOSAL_COLUMNS}) VALUES (:id, :tenant, :task_id, "
-            ":proposer, :environment, :task, :tool, :contract_version, :execution_action, "
-            ":params, :params_digest, :operation_id, :decision_id, :status, :reason_codes, "
-            ":created_at, :updated_at, :unsettled_twins) ON CONFLICT DO NOTHING",
-            _proposal_params(record),
-        )
-        if inserted == 1:
-            return record
-        if self._row("SELECT id FROM proposals WHERE id = :id", {"id": record.id}) is not None:
-            raise DuplicateRecord("proposal", record.id)
-        raise DuplicateOperation(record.tenant, record.operation_id)
-
-    def get_proposal(self, proposal_id: str, *, for_update: bool = False) -> ProposalRecord | None:
-        row = self._row(
-            f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE id = :id{self._locked(for_update)}",
-            {"id": proposal_id},
-        )
-        return None if row is None else _proposal(row)
-
-    def proposal_for_operation(self, tenant: str, operation_id: str) -> ProposalRecord | None:
-        row = self._row(
-            f"SELECT {_PROPOSAL_COLUMNS} FROM proposals "
-            "WHERE tenant = :tenant AND operation_id = :operation_id",
-            {"tenant": tenant, "operation_id": operation_id},
-        )
-        return None if row is None else _proposal(row)
-
-    def update_proposal(
-        self, proposal_id: str, *, status: ProposalStatus, reason_codes: list[str]
-    ) -> ProposalRecord:
-        """Set status and reason codes (``updated_at`` becomes ``now``);
-        ``UnknownProposal`` if there is none."""
-        current = self.get_proposal(proposal_id, for_update=True)
-        if current is None:
-            raise UnknownProposal(proposal_id)
-        record = _validated(
-            ProposalRecord,
-            {
-                **current.model_dump(),
-                "status": status,
-                "reason_codes": reason_codes,
-                "updated_at": self.now,
-            },
-            "proposal",
-        )
-        self._run(
-            "UPDATE proposals SET status = :status, reason_codes = :reason_codes, "
-            "updated_at = :now WHERE id = :id",
-            {
-                "id": proposal_id,
-                "status": record.status.value,
-                "reason_codes": _dump(record.reason_codes),
-                "now": self._at,
-            },
-        )
-        return record
-
-    def list_proposals(
-        self, *, tenant: str | None = None, status: ProposalStatus | None = None
-    ) -> list[ProposalRecord]:
-        """Proposals in the order they were inserted, filtered by tenant and status."""
-        where: list[str] = []
-        params: dict[str, Any] = {}
-        if tenant is not None:
-            where.append("tenant = :tenant")
-            params["tenant"] = tenant
-        if status is not None:
-            where.append("status = :status")
-            params["status"] = ProposalStatus(status).value
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        rows = self._rows(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals{clause} ORDER BY n", params)
-        return [_proposal(row) for row in rows]
-
-    def insert_review(self, review: ReviewRecord) -> ReviewRecord:
-        """``UnknownProposal`` if the proposal does not exist, ``DuplicateRecord`` if a
-        review has that id."""
-        record = _validated(ReviewRecord, review.model_dump(), "review")
-        if self._row("SELECT id FROM proposals WHERE id = :id", {"id": record.proposal_id}) is None:
-            raise UnknownProposal(record.proposal_id)
-        inserted = self._run(
-            f"INSERT INTO reviews ({_REVIEW_COLUMNS}) VALUES (:id, :proposal_id, :reviewer, "
-            ":verdict, :kind, :tenant, :tool, :operation_id, :digest, :expires_at, "
-            ":consumed_at, :decision_id, :created_at) ON CONFLICT DO NOTHING",
-            {
-                "id": record.id,
-                "proposal_id": record.proposal_id,
-                "reviewer": _dump(record.reviewer.model_dump(mode="json")),
-                "verdict": record.verdict.value,
-                "kind": record.kind,
-                "tenant": record.tenant,
-                "tool": record.tool,
-                "operation_id": record.operation_id,
-                "digest": record.digest,
-                "expires_at": to_text(record.expires_at),
-                "consumed_at": None if record.consumed_at is None else to_text(record.consumed_at),
-                "decision_id": record.decision_id,
-                "created_at": to_text(record.created_at),
-            },
-        )
-        if inserted != 1:
-            raise DuplicateRecord("review", record.id)
-        return record
-
-    def reviews(self, proposal_id: str) -> list[ReviewRecord]:
-        """Every review of the proposal, oldest (first inserted) first."""
-        rows = self._rows(
-            f"SELECT {_REVIEW_COLUMNS} FROM reviews WHERE proposal_id = :id ORDER BY n",
-            {"id": proposal_id},
-        )
-        return [_review(row) for row in rows]
-
-    def consume_review(self, review_id: str) -> bool:
-        """Mark an approval used at ``now``; False if it was used already (or is a
-        rejection, which grants nothing); ``UnknownReview`` if there is none.
-
-        Expiry is not checked here: OPA's clock decides whether an approval is
-        still valid, at the decision this consumption belongs to.
-        """
-        changed = self._run(
-            "UPDATE reviews SET consumed_at = :now WHERE id = :id AND consumed_at IS NULL "
-            "AND verdict = :approved",
-            {"id": review_id, "now": self._at, "approved": ReviewVerdict.APPROVED.value},
-        )
-        if changed == 1:
-            return True
-        if self._row("SELECT id FROM reviews WHERE id = :id", {"id": review_id}) is None:
-            raise UnknownReview(review_id)
-        return False
 
     # -- pins of upstream MCP tool definitions ------------------------------------------
 
