@@ -36,7 +36,7 @@ from capgate.gateway.model.facts import Identifier
 from capgate.gateway.state.backend import Dialect, LockName, Session
 from capgate.gateway.state.ledger import ENTRY_FIELDS
 from capgate.gateway.state.migrations import read_version
-from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord, PinRecord, PinStatus
+from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["TxCore"]
@@ -48,14 +48,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_PIN_COLUMNS: Final = (
-    "server, tool, status, observed_digest, observed_definition, observed_at, catalogue_tool, "
-    "accepted_digest, accepted_definition, accepted_by, accepted_at, rejected_digest, "
-    "rejected_by, rejected_at, updated_at"
-)
-#: The largest upstream tool definition a pin keeps, as canonical JSON (256 KiB):
-#: a description and two schemas; anything larger is refused, not truncated.
-MAX_DEFINITION_BYTES: Final = 256 * 1024
 _LEDGER_COLUMNS: Final = ", ".join(("seq", "at", "prev_hash", "hash", *ENTRY_FIELDS))
 
 
@@ -92,12 +84,6 @@ def _identifier(value: object, what: str) -> str:
         ) from None
 
 
-def _reviewer(value: object) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 128:
-        raise InvalidInput(f"reviewer: {quote(value)} is not a name of 1 to 128 characters")
-    return value
-
-
 def _amount(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_AMOUNT:
         raise InvalidInput(f"{what}: must be a whole number from 0 to 2**62, not {quote(value)}")
@@ -120,38 +106,6 @@ def _load(text: object, what: str) -> Any:
 
 def _time(text: object) -> datetime | None:
     return None if text is None else from_text(str(text))
-
-
-# -- rows to records --------------------------------------------------------------------
-
-
-def _pin(row: Mapping[str, Any]) -> PinRecord:
-    def document(column: str) -> Any:
-        text = row[column]
-        return None if text is None else _load(text, f"pin {column}")
-
-    return _stored(
-        PinRecord,
-        {
-            **row,
-            "observed_definition": document("observed_definition"),
-            "accepted_definition": document("accepted_definition"),
-            "observed_at": _time(row["observed_at"]),
-            "accepted_at": _time(row["accepted_at"]),
-            "rejected_at": _time(row["rejected_at"]),
-            "updated_at": _time(row["updated_at"]),
-        },
-        "upstream pin",
-    )
-
-
-def _pin_status(observed: str | None, accepted: str | None, rejected: str | None) -> PinStatus:
-    """The status a pin has while the server shows ``observed`` (None: nothing)."""
-    if observed is not None and observed == accepted:
-        return PinStatus.ACCEPTED
-    if observed is not None and observed == rejected:
-        return PinStatus.REJECTED
-    return PinStatus.CHANGED if accepted is not None else PinStatus.PENDING
 
 
 # -- the transaction ----------------------------------------------------------------------
