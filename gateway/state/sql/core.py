@@ -34,22 +34,16 @@ from capgate.gateway.digest import canonical_json
 from capgate.gateway.errors import InvalidInput, StoreError, UnknownTenant, quote
 from capgate.gateway.model.facts import Identifier
 from capgate.gateway.state.backend import Dialect, LockName, Session
-from capgate.gateway.state.ledger import ENTRY_FIELDS
 from capgate.gateway.state.migrations import read_version
 from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["TxCore"]
 
-#: Ledger rows read per query while verifying: the chain is checked a page at a time.
-VERIFY_PAGE: Final = 1000
-
 _M = TypeVar("_M", bound=BaseModel)
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
-_LEDGER_COLUMNS: Final = ", ".join(("seq", "at", "prev_hash", "hash", *ENTRY_FIELDS))
-
 
 # -- values in and out ------------------------------------------------------------------
 
