@@ -45,6 +45,7 @@ _IDENTIFIER: Final = TypeAdapter(Identifier)
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
 
+
 # -- values in and out ------------------------------------------------------------------
 
 
