@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capgate.adapters.fronts.answers import proposal_answer
 from capgate.gateway.errors import InvalidInput, ToolFailed
 from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.model.outcomes import Outcome
@@ -65,10 +66,12 @@ class AgentSession:
     ) -> dict[str, Any]:
         """Call ``name`` and return its result dict.
 
-        A tool whose calls are reviewed is proposed instead of run: the answer is
-        ``{"proposal_id": ..., "status": "pending_review", "tool": name}`` (with
-        ``"unsettled_twins"``, the ids of operations of the same content whose outcome
-        is still open, when there are any) and the proposal is in ``last_proposal``.
+        A tool whose calls are reviewed is proposed instead of run: the answer is the
+        proposed answer's facts every front gives (:mod:`capgate.adapters.fronts.answers`:
+        ``{"status": "pending_review", "proposal_id": ..., "operation_id": ..., "tool":
+        name, ...}``, with ``"unsettled_twins"``, the ids of operations of the same
+        content whose outcome is still open, when there are any) and the proposal is in
+        ``last_proposal``.
         ``operation_id`` names the operation (the same id with the same call returns
         the first outcome); a tool parameter of that name cannot be passed this way:
         use the gateway directly.
@@ -82,14 +85,7 @@ class AgentSession:
         answer = self.gateway.call(self.request, name, params, operation_id=operation_id)
         if isinstance(answer, ProposalRecord):
             self.last_proposal = answer
-            proposed: dict[str, Any] = {
-                "proposal_id": answer.id,
-                "status": "pending_review",
-                "tool": answer.tool,
-            }
-            if answer.unsettled_twins:  # the same content may already have been acted on
-                proposed["unsettled_twins"] = list(answer.unsettled_twins)
-            return proposed
+            return dict(proposal_answer(answer).facts)
         self.last_outcome = answer
         if not answer.ok or answer.result is None:
             raise ToolFailed(answer)

@@ -15,22 +15,22 @@ definition) is recorded and raised with nothing sent.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final, NoReturn
 
 from capgate.gateway.enforce.dispatcher import Authorised, Dispatcher
-from capgate.gateway.errors import CapabilityViolation, CapgateError, OperationConflict, quote
-from capgate.gateway.model.contracts import Idempotency, ToolContract
+from capgate.gateway.errors import CapabilityViolation, OperationConflict, quote
+from capgate.gateway.model.contracts import Idempotency
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.facts import CallFacts
+from capgate.gateway.service.leases import Leases
 from capgate.gateway.service.ledger import append, entry
 from capgate.gateway.service.proposals import block
+from capgate.gateway.service.settle import conclude, record_produced, stopped
 from capgate.gateway.state.records import (
     OperationRecord,
     OperationStatus,
@@ -48,15 +48,7 @@ from capgate.gateway.tools.contract import (
 )
 from capgate.gateway.tools.definitions import SupportsDefinitions
 
-__all__ = [
-    "REFUSALS",
-    "Leases",
-    "Lost",
-    "Operations",
-    "conclude",
-    "has_lookup",
-    "record_produced",
-]
+__all__ = ["REFUSALS", "Lost", "Operations", "has_lookup"]
 
 log = logging.getLogger("capgate.service")
 
@@ -81,77 +73,6 @@ class _Refused(Exception):
 class Lost(Exception):
     """Raised inside a transaction (rolling it back) when a concurrent claim of the
     same operation, or a concurrent review of the same proposal, committed first."""
-
-
-class Leases:
-    """Renews the leases of the operations this gateway is running, from one thread.
-
-    Every lease/3 the thread extends each held operation's lease by a whole lease,
-    if that attempt still owns it. One thread per gateway, started on first use and
-    gone again once nothing is held, so an idle gateway keeps no thread.
-    """
-
-    def __init__(self, store: Store, lease: timedelta) -> None:
-        self._store = store
-        self._lease = lease
-        self._held: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def held(self, operation: OperationRecord) -> Iterator[None]:
-        key = (operation.tenant, operation.operation_id)
-        with self._lock:
-            self._held[key] = operation.attempts
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._renew_forever, name="capgate-leases", daemon=True
-                )
-                self._thread.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held.pop(key, None)
-
-    def _renew_forever(self) -> None:
-        interval = max(self._lease.total_seconds() / 3, 0.01)
-        while not self._wake.wait(interval):
-            with self._lock:
-                held = dict(self._held)
-                if not held:  # nothing runs: stop; the next held() starts a new thread
-                    self._thread = None
-                    return
-            for (tenant, operation_id), attempts in held.items():
-                try:
-                    self._renew(tenant, operation_id, attempts)
-                except CapgateError as exc:  # the next beat tries again; the run goes on
-                    log.warning("could not renew the lease of operation=%s: %s", operation_id, exc)
-                except Exception as exc:  # never let the renewing thread die
-                    log.warning(
-                        "could not renew the lease of operation=%s (%s)",
-                        operation_id,
-                        type(exc).__name__,
-                    )
-
-    def _renew(self, tenant: str, operation_id: str, attempts: int) -> None:
-        with self._store.transaction() as tx:
-            current = tx.get_operation(tenant, operation_id, for_update=True)
-            if (
-                current is None
-                or current.status is not OperationStatus.RUNNING
-                or current.attempts != attempts
-            ):
-                return  # finished, or taken over: not ours to renew
-            tx.update_operation(
-                tenant,
-                operation_id,
-                status=OperationStatus.RUNNING,
-                outcome=None,
-                attempts=attempts,
-                lease_until=tx.now + self._lease,
-            )
 
 
 class Operations:
@@ -312,7 +233,7 @@ class Operations:
                     if existing.lease_until is not None and existing.lease_until > tx.now:
                         return None  # someone is running it: wait for their outcome
                     # Its runner died mid-run: the effect may have happened.
-                    previous = _stopped(existing, contract)
+                    previous = stopped(existing, contract)
                     reserved = True  # the dead runner's reservation is still held
                 else:
                     previous = Outcome.model_validate(existing.outcome or {})
@@ -541,61 +462,6 @@ def has_lookup(adapter: Adapter | None, action: str) -> bool:
 
 def _can_look_up(authorised: Authorised) -> bool:
     return has_lookup(authorised.adapter, authorised.action)
-
-
-def conclude(tx: Tx, current: OperationRecord, outcome: Outcome) -> OperationRecord:
-    """Write ``outcome`` over the operation (``current``, locked) and settle its budget.
-
-    One operation, one charge, settled once: success counts its reservation as spent,
-    refused and retryable release it (nothing happened), and unknown keeps holding it
-    until a lookup (or a later attempt) says what happened, so an uncertain payment
-    is never handed back to the budget as if it had not been made.
-    """
-    unknown = outcome.status is OutcomeStatus.UNKNOWN
-    if current.reserved and not unknown:
-        tx.settle_budget(
-            current.tenant,
-            current.task_id,
-            current.cost,
-            spent=outcome.status is OutcomeStatus.SUCCESS,
-        )
-    return tx.update_operation(
-        current.tenant,
-        current.operation_id,
-        status=OperationStatus.DONE,
-        outcome=outcome.model_dump(mode="json"),
-        attempts=current.attempts,
-        lease_until=None,
-        reserved=current.reserved and unknown,
-    )
-
-
-def record_produced(
-    tx: Tx,
-    contract: ToolContract,
-    tenant: str,
-    task_id: str | None,
-    operation_id: str,
-    outcome: Outcome,
-) -> list[str]:
-    """Record, for the task, the evidence a successful operation produces; its names."""
-    if outcome.status is not OutcomeStatus.SUCCESS or task_id is None:
-        return []
-    for name in contract.produces:
-        tx.record_evidence(tenant, task_id, name, source=f"operation:{operation_id}")
-    return list(contract.produces)
-
-
-def _stopped(operation: OperationRecord, contract: ToolContract) -> Outcome:
-    """The outcome of an operation whose runner stopped mid-run: unknown."""
-    return Outcome(
-        tool=operation.tool,
-        version=contract.version,
-        operation_id=operation.operation_id,
-        status=OutcomeStatus.UNKNOWN,
-        error="the gateway stopped while the operation ran",
-        recovery=contract.recovery,
-    )
 
 
 def _outcome(authorised: Authorised, status: OutcomeStatus, **fields: Any) -> Outcome:

@@ -28,7 +28,8 @@ from capgate.gateway.errors import (
 from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver
-from capgate.gateway.service.operations import conclude, has_lookup, record_produced
+from capgate.gateway.service.operations import has_lookup
+from capgate.gateway.service.settle import conclude, record_produced
 from capgate.gateway.state.records import LedgerEntry, OperationRecord, OperationStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, SupportsLookup

@@ -465,6 +465,10 @@ def check_proposal(rig: Rig, case: Case, result: Result, proposal: ProposalRecor
         "proposal_id": proposal.id,
         "status": "pending_review",
         "tool": proposal.tool,
+        "operation_id": proposal.operation_id,
+        "version": proposal.contract_version,
+        "decision_id": proposal.decision_id,
+        **({"unsettled_twins": proposal.unsettled_twins} if proposal.unsettled_twins else {}),
     }
     assert (proposal.tool, proposal.operation_id, proposal.params_digest) == (
         request.call.tool,

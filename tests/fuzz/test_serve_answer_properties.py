@@ -43,16 +43,15 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from capgate.adapters.fronts.mcp.results import (
-    OUTCOME_META_KEY,
+from capgate.adapters.fronts.answers import (
     Answer,
     error_answer,
     internal_answer,
     outcome_answer,
     proposal_answer,
-    tool_result,
     unknown_tool_answer,
 )
+from capgate.adapters.fronts.mcp.results import OUTCOME_META_KEY, tool_result
 from capgate.adapters.fronts.mcp.server import tool_view
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue

@@ -112,9 +112,10 @@ import pytest
 import yaml
 
 import capgate
+from capgate.adapters.fronts.answers import error_answer, unknown_tool_answer
 from capgate.adapters.fronts.mcp.config import parse_config
 from capgate.adapters.fronts.mcp.http import MCP_PATH, parse_listen_address
-from capgate.adapters.fronts.mcp.results import error_answer, tool_result, unknown_tool_answer
+from capgate.adapters.fronts.mcp.results import tool_result
 from capgate.adapters.fronts.mcp.server import tool_view
 from capgate.cli import serve as serve_command
 from capgate.cli.main import EXIT_DENIED, EXIT_OK, main

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from capgate.adapters.fronts.mcp.results import OUTCOME_META_KEY, proposal_answer, tool_result
+from capgate.adapters.fronts.answers import proposal_answer
+from capgate.adapters.fronts.mcp.results import OUTCOME_META_KEY, tool_result
 from capgate.gateway.digest import params_digest
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus

@@ -1,11 +1,11 @@
 """What an MCP client gets back from ``tools/call``: the gateway's answers as tool results.
 
 Every answer is a ``CallToolResult``, so the model behind the client reads it and can
-correct itself; none is a protocol error and none carries a stack trace. An answer
-is built here as an :class:`Answer` (a short text, the facts, whether it is an
-error, a success's own result) and sent through :func:`tool_result`, the one rule of
-what a result may carry given the tool the client called, as ``tools/list``
-advertised it:
+correct itself; none is a protocol error and none carries a stack trace. The answers
+themselves are the fronts' shared ones (:mod:`capgate.adapters.fronts.answers`: a
+short text, the facts, whether it is an error, a success's own result); this module
+only renders them, through :func:`tool_result`, the one rule of what a result may
+carry given the tool the client called, as ``tools/list`` advertised it:
 
 - **The facts travel in every answer**, under ``_meta["capgate/outcome"]``
   (:data:`OUTCOME_META_KEY`), and in words in its text: the error code, the reason
@@ -69,73 +69,18 @@ answer to the caller's own call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import mcp_types as types
 
-from capgate.gateway.errors import (
-    CapabilityViolation,
-    CapgateError,
-    CredentialUnavailable,
-    InvalidInput,
-    PolicyUnavailable,
-    StoreError,
-    ToolNotRegistered,
-    UnknownTenant,
-    cut,
-)
-from capgate.gateway.model.outcomes import Outcome
+from capgate.adapters.fronts.answers import Answer
 from capgate.gateway.schema.validator import schema_validator
-from capgate.gateway.state.records import ProposalRecord
 
-__all__ = [
-    "OUTCOME_META_KEY",
-    "Answer",
-    "error_answer",
-    "internal_answer",
-    "outcome_answer",
-    "proposal_answer",
-    "tool_result",
-    "unknown_tool_answer",
-]
+__all__ = ["OUTCOME_META_KEY", "tool_result"]
 
 #: The ``_meta`` key under which every result carries the facts of its answer.
 OUTCOME_META_KEY: Final = "capgate/outcome"
-
-_UNKNOWN_TOOL: Final = (
-    "unknown tool: it is not among the tools listed for you (tools/list). Nothing was run."
-)
-
-#: Fixed texts for the errors whose own messages may name addresses, paths or facts.
-_FIXED: Final[dict[type[CapgateError], str]] = {
-    PolicyUnavailable: "no policy decision could be had, so nothing was run (failing closed)",
-    ToolNotRegistered: "the policy allows this tool, but this gateway has no transport for it",
-    CredentialUnavailable: "the connection this tool acts through has no credential here",
-    UnknownTenant: "this server's configuration names a tenant its store does not know",
-    StoreError: "the gateway's state could not be read or written (its ledger records what ran)",
-}
-
-_HINTS: Final = {
-    "refused": "the provider refused; repeating the same call will not help",
-    "retryable": "nothing happened, or repeating is safe: the call may be made again",
-    "unknown": "it may or may not have had its effect: do not repeat it blindly",
-}
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One answer to ``tools/call``, before :func:`tool_result` fits it to the tool."""
-
-    #: What the model reads: the facts in words.
-    text: str
-    #: What programs read: ``_meta[OUTCOME_META_KEY]`` of the result, always.
-    facts: dict[str, Any]
-    error: bool
-    #: A success's own result (untrusted data), for ``structuredContent``.
-    result: dict[str, Any] | None = None
 
 
 def tool_result(answer: Answer, tool: types.Tool | None) -> types.CallToolResult:
@@ -175,101 +120,3 @@ def _fits(result: dict[str, Any], schema: Mapping[str, Any]) -> bool:
     """Whether ``result`` passes ``schema`` under the catalogue's own validator (the
     dispatcher's, stricter than any client's)."""
     return bool(schema_validator(schema).is_valid(result))
-
-
-def unknown_tool_answer() -> Answer:
-    """The answer for a tool that is hidden from the caller or does not exist at all:
-    the same object, so the two cannot be told apart (the name is not echoed)."""
-    return Answer(_UNKNOWN_TOOL, {"error": "unknown_tool", "message": _UNKNOWN_TOOL}, error=True)
-
-
-def _outcome_facts(outcome: Outcome) -> dict[str, Any]:
-    return {
-        "tool": outcome.tool,
-        "version": outcome.version,
-        "status": outcome.status.value,
-        "operation_id": outcome.operation_id,
-        "decision_id": outcome.decision_id,
-        "receipt": outcome.provider_receipt,
-    }
-
-
-def outcome_answer(outcome: Outcome) -> Answer:
-    """A run's outcome: its result on success, else what happened and how to recover."""
-    facts = _outcome_facts(outcome)
-    if outcome.ok and outcome.result is not None:
-        data = dict(outcome.result)
-        text = json.dumps(data, ensure_ascii=False, sort_keys=True)
-        return Answer(text, facts, error=False, result=data)
-    status = outcome.status.value
-    facts.update(
-        {
-            "error": f"tool_{status}",
-            "recovery": outcome.recovery,
-            "retry_after_seconds": outcome.retry_after_seconds,
-            "tool_error": outcome.error,
-        }
-    )
-    recovery = f" Recovery: {outcome.recovery}." if outcome.recovery else ""
-    wait = outcome.retry_after_seconds
-    retry = f" Retry after {wait:g} seconds." if wait is not None else ""
-    text = (
-        f"The tool ran and ended {status} (operation {outcome.operation_id}): "
-        f"{_HINTS.get(status, '')}.{recovery}{retry}"
-    )
-    return Answer(text, facts, error=True)
-
-
-def proposal_answer(proposal: ProposalRecord) -> Answer:
-    """A call of a reviewed tool: recorded as a proposal; nothing ran."""
-    facts = {
-        "status": "pending_review",
-        "proposal_id": proposal.id,
-        "operation_id": proposal.operation_id,
-        "tool": proposal.tool,
-        "version": proposal.contract_version,
-        "decision_id": proposal.decision_id,
-    }
-    text = (
-        f"Proposed for review as {proposal.id} (operation {proposal.operation_id}); nothing "
-        "was run. A person reviews it and the execution service dispatches it; calling "
-        "again does not speed that up."
-    )
-    if proposal.unsettled_twins:
-        facts["unsettled_twins"] = list(proposal.unsettled_twins)
-        text += (
-            " Warning: operation(s) "
-            + ", ".join(proposal.unsettled_twins)
-            + " with exactly this content have no settled outcome yet (they may already "
-            "have done it); the reviewer is told."
-        )
-    return Answer(text, facts, error=False)
-
-
-def error_answer(error: CapgateError) -> Answer:
-    """A refusal before the tool was entered, with its stable code."""
-    facts: dict[str, Any] = {"error": error.code}
-    if isinstance(error, CapabilityViolation):
-        codes = error.reason_codes
-        facts["reason_codes"] = codes
-        shown = ", ".join(cut(code, 40) for code in codes[:10]) or "no reason given"
-        text = f"Denied by policy ({shown}); nothing was run."
-    elif isinstance(error, InvalidInput):
-        # The dispatcher's messages name fields and schema rules, never values.
-        message = cut(str(error), 600)
-        facts["message"] = message
-        text = f"Invalid call, nothing was run: {message}"
-    else:
-        fixed = next(
-            (text for kind, text in _FIXED.items() if isinstance(error, kind)),
-            "the call could not be made; nothing was run",
-        )
-        text = f"{fixed} [{error.code}]."
-    facts.setdefault("message", text)
-    return Answer(text, facts, error=True)
-
-
-def internal_answer() -> Answer:
-    """Anything capgate did not expect: a fixed text, never the exception's."""
-    text = "the gateway failed unexpectedly; nothing more is said here (see its log) [internal]."
-    return Answer(text, {"error": "internal", "message": text}, error=True)

@@ -79,16 +79,16 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
-from capgate.adapters.fronts.mcp.config import DEFAULT_POLL_SECONDS, Binding
-from capgate.adapters.fronts.mcp.results import (
+from capgate.adapters.fronts.answers import (
     Answer,
     error_answer,
     internal_answer,
     outcome_answer,
     proposal_answer,
-    tool_result,
     unknown_tool_answer,
 )
+from capgate.adapters.fronts.mcp.config import DEFAULT_POLL_SECONDS, Binding
+from capgate.adapters.fronts.mcp.results import tool_result
 from capgate.gateway.errors import CapgateError, InvalidInput, quote
 from capgate.gateway.model.contracts import ToolContract
 from capgate.gateway.model.outcomes import Outcome
