@@ -238,6 +238,25 @@ def test_a_wrong_version_is_rebuilt_with_its_output_in_a_log(
     assert not any(temp_bin.glob("*.new"))
 
 
+def test_only_the_tools_named_are_checked_and_built(
+    temp_bin: Path, fake_go: dict[str, str]
+) -> None:
+    (temp_bin / "regal").unlink()  # missing: only a build could bring it back
+    done = _run(["bash", INSTALL_TOOLS, "opa"], env=fake_go)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.fullmatch(rf"setup: built opa {OPA} in \d+s\n", done.stdout)
+    assert not (temp_bin / "regal").exists()
+
+    check = _run(["bash", INSTALL_TOOLS, "--check", "opa"], env=fake_go)
+    assert (check.returncode, check.stdout) == (0, f"setup: opa {OPA} already present\n")
+    both = _run(["bash", INSTALL_TOOLS, "--check"], env=fake_go)
+    assert both.returncode == 1
+    assert both.stdout.splitlines() == [
+        f"setup: opa {OPA} already present",
+        f"setup: regal: {temp_bin}/regal is missing (pinned {REGAL})",
+    ]
+
+
 @pytest.mark.parametrize("failing", ["get", "build"])
 def test_a_failed_build_shows_the_log_tail_and_keeps_its_exit_status(
     temp_bin: Path, fake_go: dict[str, str], tmp_path: Path, failing: str
