@@ -2,7 +2,7 @@
 
 A service installs capgate with pip; it has no checkout, no ``policies/`` folder and
 no ``.tools``. This test builds the wheel from the project's files, installs it
-offline (dependencies from the wheelhouse ``make setup`` fills), and then, from a
+offline (dependencies from the wheelhouse ``make setup-test`` fills), and then, from a
 folder that is not the checkout, runs a compose and a call against a real OPA and
 asks ``capgate doctor`` what it uses: the policies must come from the package.
 """
@@ -67,7 +67,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert any(WHEELHOUSE.glob("*.whl")), (
-        f"{WHEELHOUSE} holds no wheels: run `make setup`, which fills it with capgate's "
+        f"{WHEELHOUSE} holds no wheels: run `make setup-test`, which fills it with capgate's "
         "runtime dependencies so this test can install offline"
     )
     home = tmp_path_factory.mktemp("service")
