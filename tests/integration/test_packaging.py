@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -34,8 +35,8 @@ def _run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of the project's files (not the working folders)."""
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the project's files (not the working folders)."""
     source = tmp_path_factory.mktemp("source")
     listed = _run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO
@@ -49,6 +50,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             target.symlink_to(os.readlink(REPO / name))
         elif (REPO / name).is_file():
             shutil.copy2(REPO / name, target)
+    return source
+
+
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from the copy."""
     out = tmp_path_factory.mktemp("dist")
     _run(
         [
@@ -120,6 +127,39 @@ def test_the_wheel_carries_every_module_the_policies_and_the_demo(wheel: Path):
         assert f"capgate/demo/catalogues/{catalogue}/tools.yaml" in names
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"capgate"}
+
+
+def test_the_wheel_and_the_sdist_carry_the_licence(
+    wheel: Path, source: Path, tmp_path: Path
+) -> None:
+    licence = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License\n                           Version 2.0, January 2004" in licence
+    with zipfile.ZipFile(wheel) as built:
+        (info,) = {n.split("/")[0] for n in built.namelist() if ".dist-info/" in n}
+        metadata = built.read(f"{info}/METADATA").decode()
+        assert built.read(f"{info}/licenses/LICENSE").decode() == licence
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
+    assert "License-File: LICENSE" in metadata.splitlines()
+    assert "Classifier: Typing :: Typed" in metadata.splitlines()
+
+    # The sdist, through the same backend pip used for the wheel, offline.
+    sdist = _run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=source,
+    ).stdout.splitlines()[-1]
+    with tarfile.open(tmp_path / sdist) as archive:
+        top = sdist.removesuffix(".tar.gz")
+        member = archive.extractfile(f"{top}/LICENSE")
+        assert member is not None
+        assert member.read().decode() == licence
+        pkg_info = archive.extractfile(f"{top}/PKG-INFO")
+        assert pkg_info is not None
+        assert "License-Expression: Apache-2.0" in pkg_info.read().decode().splitlines()
 
 
 SERVICE = textwrap.dedent("""\
