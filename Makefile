@@ -1,24 +1,33 @@
 # One entry point for every developer task. Each target sets up what it needs first
 # (scripts/setup.sh is idempotent and takes about a second once everything is there).
+# The demo sets up OPA and .venv only, and most targets `setup`: any user can run them.
+# The integration tests' `setup-test` installs Debian packages (as root) and the MCP
+# peers (with npm); `make images` installs and starts the Docker engine (as root).
 # `make help` lists the targets: the text after "##" on each target's line.
 
 VENV := .venv/bin
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup help demo test policy-test policy-watch lint typecheck unit integration images fuzz bench clean
+.PHONY: setup setup-test help demo test policy-test policy-watch lint typecheck unit integration images fuzz bench clean
 
 # The first target is the default: a bare `make` sets up and stops.
-setup: ## build the pinned OPA and Regal, create .venv, fill .tools/wheelhouse (idempotent)
+setup: ## build the pinned OPA and Regal, create .venv with the dev and mcp extras (idempotent)
 	@bash scripts/setup.sh
+
+setup-test: ## setup, plus the integration tests' PostgreSQL, Docker, debootstrap (as root), MCP peers (npm)
+	@bash scripts/setup.sh test
 
 help: ## list the targets with what each does
 	@echo "make targets (setup is the default):"
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-demo: setup ## run both worked examples against a real OPA
+demo: ## build the pinned OPA, create .venv with the mcp extra, run both worked examples
+	@bash scripts/setup.sh demo
 	$(VENV)/capgate demo
 
-test: policy-test lint typecheck unit integration ## run every gate (what CI runs)
+# setup-test first: on a machine it cannot set up (a package missing and no root to
+# install it, or no npm), `make test` stops there, before the gates run.
+test: setup-test policy-test lint typecheck unit integration ## run every gate (what CI runs)
 	@echo "make test: every gate passed"
 
 policy-test: setup ## Rego gate: opa fmt, check --strict, capabilities (no network), regal, opa test + coverage
@@ -41,7 +50,7 @@ unit: setup ## fast tests of the Python logic (no OPA)
 # Debian's packages when missing) and stopped again afterwards if this run started it;
 # the images are built locally first (nothing is pulled). Without an engine it can
 # use, the run fails saying why: container-backed tests are never skipped.
-integration: setup ## tests against real OPA (local processes and containers), set-up scripts, a short fuzz run
+integration: setup-test ## tests against real OPA (local processes and containers), set-up scripts, a short fuzz run
 	@bash scripts/docker-engine.sh run bash -c \
 		'bash scripts/docker-images.sh && $(VENV)/python -m pytest -m integration tests'
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Build the pinned OPA and Regal binaries into .tools/bin, from the Go module proxy.
 #
-#   scripts/install-tools.sh          build what is missing or at another version
-#   scripts/install-tools.sh --check  build nothing; exit 0 when every pinned tool is
-#                                     present at its pinned version, 1 otherwise
+#   scripts/install-tools.sh [TOOL...]          build what is missing or at another version
+#   scripts/install-tools.sh --check [TOOL...]  build nothing; exit 0 when every pinned
+#                                               tool is present at its pinned version,
+#                                               1 otherwise
+#
+# TOOL is opa or regal; without one, both. `make demo` asks for OPA alone: Regal only
+# lints the policies, and building it adds minutes to a newcomer's first command.
 #
 # Why build instead of download: this project's machines reach package registries only,
 # so release binaries cannot be fetched. `go install` with CGO disabled gives the same
@@ -20,15 +24,21 @@ source "$root/scripts/versions.env"
 # shellcheck source=scripts/lib/step.sh
 source "$root/scripts/lib/step.sh"
 
+usage() {
+  echo "usage: $0 [--check] [opa] [regal]" >&2
+  exit 2
+}
 mode=build
-case "${1:-}" in
-  "") ;;
-  --check) mode=check ;;
-  *)
-    echo "usage: $0 [--check]" >&2
-    exit 2
-    ;;
-esac
+tools=()
+for arg in "$@"; do
+  case "$arg" in
+    --check) mode=check ;;
+    opa | regal) tools+=("$arg") ;;
+    *) usage ;;
+  esac
+done
+[ "${#tools[@]}" -gt 0 ] || tools=(opa regal)
+wanted() { [[ " ${tools[*]} " == *" $1 "* ]]; }
 
 bin="${CAPGATE_TOOLS_BIN:-$root/.tools/bin}"
 # Absolute, because the build runs in a scratch folder.
@@ -123,9 +133,14 @@ ensure() { # tool, module, version, version ldflag
   mv "$bin/$tool.new" "$bin/$tool"
 }
 
-ensure opa github.com/open-policy-agent/opa "$OPA_VERSION" \
-  github.com/open-policy-agent/opa/v1/version.Version
-ensure regal "$REGAL_MODULE" "$REGAL_VERSION" \
-  github.com/styrainc/regal/pkg/version.Version
+# Always in this order, whichever order they were named in.
+if wanted opa; then
+  ensure opa github.com/open-policy-agent/opa "$OPA_VERSION" \
+    github.com/open-policy-agent/opa/v1/version.Version
+fi
+if wanted regal; then
+  ensure regal "$REGAL_MODULE" "$REGAL_VERSION" \
+    github.com/styrainc/regal/pkg/version.Version
+fi
 
 exit "$missing"

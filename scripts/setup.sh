@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Set up everything capgate needs on a fresh machine, idempotently:
-#   1. the pinned OPA and Regal binaries in .tools/bin (scripts/install-tools.sh);
-#   2. a virtual environment in .venv with capgate installed editable, with the dev and
-#      mcp extras, stamped with the hash of pyproject.toml and the checkout's path;
-#   3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
+# Set up what capgate's make targets need on a fresh machine, idempotently. Three
+# profiles, each the one before it and more; only the last needs root or Node.js:
+#
+#   demo  what `make demo` needs, as any user with Go, Python 3.11, git and make:
+#     1. the pinned OPA binary in .tools/bin (scripts/install-tools.sh);
+#     2. a virtual environment in .venv with capgate installed editable with the mcp
+#        extra (the demo's MCP scene), stamped with the hash of pyproject.toml, the
+#        checkout's path and the extras;
+#   dev   (the default, `make setup`) what the policy gate, lint, type checks, unit
+#         tests, benchmarks and `make images` start from, still as any user:
+#     1. Regal beside OPA;
+#     2. the dev extra in .venv too;
+#   test  (`make setup-test`, which `make integration` and `make test` run) what the
+#         integration tests run for real, as root where it installs Debian packages:
+#     3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
 #      tests/integration/test_packaging.py can install the built wheel offline;
 #   4. the system programs the integration tests start for real: the PostgreSQL
 #      server binaries, the Docker engine with docker-compose, and debootstrap
@@ -15,8 +25,9 @@
 #      in a folder of its own (.tools/mcp-peers/inspector, .tools/mcp-peers/inspector-v1),
 #      which the capgate serve tests drive as a client.
 #
-#   scripts/setup.sh          set up whatever is missing or stale
-#   scripts/setup.sh --check  change nothing; exit 0 when all of it is up to date
+#   scripts/setup.sh [demo|dev|test]          set up whatever is missing or stale
+#   scripts/setup.sh --check [demo|dev|test]  change nothing; exit 0 when all of it
+#                                             is up to date
 #
 # Each step prints one progress line (scripts/lib/step.sh) and keeps pip's and Go's
 # output in .tools/logs/ (or $CAPGATE_LOG_DIR), shown on failure, so a first `make demo` still starts its
@@ -31,33 +42,46 @@ cd "$root"
 # shellcheck source=scripts/lib/step.sh
 source scripts/lib/step.sh
 
+usage() {
+  echo "usage: $0 [--check] [demo|dev|test]" >&2
+  exit 2
+}
 mode=build
-case "${1:-}" in
-  "") ;;
-  --check) mode=check ;;
-  *)
-    echo "usage: $0 [--check]" >&2
-    exit 2
-    ;;
-esac
+profile=""
+for arg in "$@"; do
+  case "$arg" in
+    --check) mode=check ;;
+    demo | dev | test) [ -z "$profile" ] || usage; profile="$arg" ;;
+    *) usage ;;
+  esac
+done
+profile="${profile:-dev}"
 
 logs="${CAPGATE_LOG_DIR:-$root/.tools/logs}"
 stale=0 # --check: set when anything is missing or out of date
 
-# 1. Tools.
+# 1. Tools: the demo runs OPA; the policy gate also lints with Regal.
+tools=(opa regal)
+[ "$profile" != demo ] || tools=(opa)
 if [ "$mode" = check ]; then
-  bash scripts/install-tools.sh --check || stale=1
+  bash scripts/install-tools.sh --check "${tools[@]}" || stale=1
 else
-  CAPGATE_LOG_DIR="$logs" bash scripts/install-tools.sh
+  CAPGATE_LOG_DIR="$logs" bash scripts/install-tools.sh "${tools[@]}"
 fi
 
-# 2. The virtual environment.
+# 2. The virtual environment: the demo needs the mcp extra, everything else the dev
+# extra too (pytest, ruff, mypy, ...: some 70 MB a demo does without). A venv that has
+# both serves the demo as it is.
 python="${PYTHON:-python3}"
 venv="$root/.venv"
 stamp="$venv/.capgate-installed"
 pyproject_sum="$(sha256sum pyproject.toml)"
-want="pyproject.toml ${pyproject_sum%% *}
-checkout $root"
+stamp_for() { # extras
+  printf 'pyproject.toml %s\ncheckout %s\nextras %s\n' "${pyproject_sum%% *}" "$root" "$1"
+}
+extras=dev,mcp
+[ "$profile" != demo ] || extras=mcp
+want="$(stamp_for "$extras")"
 
 # The checkout the venv's capgate is installed from (nothing when it is not installed).
 # find_spec locates the package the way `import capgate` would, without running it, so
@@ -113,11 +137,11 @@ venv_defect() {
 # Runs inside run_step, in a bash of its own (see scripts/lib/step.sh); cwd is $root.
 # Upgrading pip here keeps its output in the log too.
 # shellcheck disable=SC2317 # called indirectly, by run_step
-install_venv() { # python, venv
-  local python="$1" venv="$2"
+install_venv() { # python, venv, extras
+  local python="$1" venv="$2" extras="$3"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --progress-bar off --upgrade pip
-  "$venv/bin/python" -m pip install --progress-bar off -e ".[dev,mcp]"
+  "$venv/bin/python" -m pip install --progress-bar off -e ".[$extras]"
 }
 export -f install_venv
 
@@ -136,10 +160,15 @@ fi
 
 if [ "$venv_ok" = 1 ]; then
   need=""
+  have="$(cat "$stamp" 2>/dev/null || true)"
   if [ ! -x "$venv/bin/python" ]; then
     need="create"
-  elif [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    need="pyproject.toml changed, or capgate was never installed here"
+  elif [ "$have" != "$want" ] && [ "$have" != "$(stamp_for dev,mcp)" ]; then
+    if [ "$have" = "$(stamp_for mcp)" ]; then
+      need="it has the mcp extra only, not the dev extra"
+    else
+      need="pyproject.toml changed, or capgate was never installed here"
+    fi
   elif [ -z "$(installed_from)" ]; then
     need="capgate is not installed in it"
   fi
@@ -150,13 +179,15 @@ if [ "$venv_ok" = 1 ]; then
     stale=1
   else
     rm -f "$stamp"
+    with="dev and mcp extras"
+    [ "$extras" != mcp ] || with="mcp extra"
     if [ "$need" = create ]; then
-      doing="creating .venv and installing capgate (editable, dev and mcp extras)"
+      doing="creating .venv and installing capgate (editable, $with)"
     else
-      doing="installing capgate into .venv (editable, dev and mcp extras)"
+      doing="installing capgate into .venv (editable, $with)"
     fi
     run_step "$doing" "installed capgate into .venv" "$logs/pip-install.log" \
-      install_venv "$python" "$venv"
+      install_venv "$python" "$venv" "$extras"
     from="$(installed_from)"
     if [ "$from" != "$root" ]; then
       echo "setup: pip installed capgate, but .venv imports it from '${from:-nowhere}'," \
@@ -166,6 +197,9 @@ if [ "$venv_ok" = 1 ]; then
     echo "$want" >"$stamp"
   fi
 fi
+
+# Everything below is for the integration tests only.
+[ "$profile" = test ] || exit "$stale"
 
 # 3. The wheelhouse. Its requirements.txt doubles as the stamp: it is the list the
 # wheels were fetched for, and it lands only with them (the folder is swapped in whole

@@ -2,7 +2,7 @@
 
 The real peers (``@modelcontextprotocol/server-everything``,
 ``@modelcontextprotocol/server-filesystem``, ``mcp-server-time``, ``mcp-server-git``)
-are installed by ``scripts/setup.sh`` into ``.tools/mcp-peers`` at the pins of
+are installed by ``make setup-test`` into ``.tools/mcp-peers`` at the pins of
 ``scripts/versions.env``; a test that needs one fails (never skips) when it is not
 there. ``mcp_upstream_server.py`` is the test's own server, whose tools a test can
 change while it runs.
@@ -60,7 +60,7 @@ def require_peers(*programs: Path) -> None:
     """Fail (not skip) when set-up has not installed a peer the test runs."""
     missing = [str(p.relative_to(ROOT)) for p in programs if not os.access(p, os.X_OK)]
     if missing:
-        pytest.fail(f"MCP peers missing: {', '.join(missing)}; run `make setup`")
+        pytest.fail(f"MCP peers missing: {', '.join(missing)}; run `make setup-test`")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "it") -> Any:

@@ -82,9 +82,10 @@ visible tools; execute.yaml: 3, a deny by role). A ``# params: {...}`` comment i
 example gives the call's parameters, checked as a ``call-params`` block is.
 
 Beside the blocks: every path in the first column of a table exists, every
-``gateway.x``, ``adapters.x`` and ``capgate.x`` name in the prose resolves, and the
+``gateway.x``, ``adapters.x`` and ``capgate.x`` name in the prose resolves, the
 sentence after policy-interface.md's execute decision (fixed, the call is allowed)
-holds.
+holds, and the README's first backtick fence opens the block whose first two
+commands are ``make demo`` and ``make test``.
 """
 
 from __future__ import annotations
@@ -253,6 +254,19 @@ def test_python_block_runs(block: Block, capsys, monkeypatch):
         assert "- contact.read (v1):" in out
         assert "payment.execute" not in out
         assert "'contact_id': 'c-42'" in out
+
+
+def test_the_readme_s_first_commands_are_make_demo_and_make_test():
+    """A newcomer, CI and the scripts that read the README's first two commands find
+    ``make demo`` and ``make test``. Some of those readers know only backtick fences,
+    and take a closing fence for an opening one: the first backtick fence must open
+    the block that holds the two, so the diagram above it is fenced with tildes."""
+    text = README.read_text(encoding="utf-8")
+    line = text[: text.index("```")].count("\n") + 1
+    (block,) = [b for b in ALL_BLOCKS if b.doc == README and b.line == line]
+    assert block.lang == "sh", f"{block}: the README's first backtick fence"
+    words = [shlex.split(command, comments=True) for command, _ in commands(block)]
+    assert words[:2] == [["make", "demo"], ["make", "test"]], str(block)
 
 
 # ------------------------------------------------------------------------ mermaid

@@ -120,7 +120,7 @@ def _serve(
 ) -> Iterator[dict[str, Any]]:
     for inspector in INSPECTORS:
         if not os.access(inspector.program, os.X_OK):
-            pytest.fail(f"{inspector.program.relative_to(ROOT)} is missing; run `make setup`")
+            pytest.fail(f"{inspector.program.relative_to(ROOT)} is missing; run `make setup-test`")
     folder = tmp_path_factory.mktemp("serve-inspector")
     store = seed_store(folder / "state.db")
     config = write_config(folder / "serve.yaml", http={"sales": (TOKEN, SALES_BOT)})

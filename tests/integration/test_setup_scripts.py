@@ -8,6 +8,11 @@ rebuild path with a fake ``go`` against a temporary bin folder (``CAPGATE_TOOLS_
 so the real ``.tools/bin`` is never touched and nothing is built for minutes. They also
 hold the step helper (``scripts/lib/step.sh``) to its word: one progress line, the
 output in a log, the log's tail and the command's own exit status on failure.
+
+Issue 18: ``make demo`` stopped a plain user at the Docker engine it does not use.
+``scripts/setup.sh`` now sets up in profiles (demo, dev, test), and the demo's is
+driven in a scratch checkout with a stand-in ``python`` and poisoned ``go``, ``npm``
+and ``apt-get``: it sets up OPA and the venv with the mcp extra, and nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +63,40 @@ elif command == "build":
     with open(out, "w") as f:
         f.write(f"#!/bin/sh\\necho 'Version: {{version}}'\\n")
     os.chmod(out, 0o755)
+"""
+
+
+#: A stand-in for the interpreter setup.sh makes .venv with ($PYTHON), and for that venv's
+#: python: `-m venv DIR` makes DIR/bin/python (this file) and a pip script pointing at
+#: it; `-m pip ...` appends its arguments to DIR/pip.log, and `install -e` marks capgate
+#: installed; `-c CODE` runs CODE in the real python, isolated and without site-packages
+#: (so without the real .venv's capgate), which once capgate is "installed" finds it in
+#: the checkout, the venv's parent folder.
+FAKE_PYTHON = f"""#!{sys.executable}
+import os, shutil, subprocess, sys
+
+args = sys.argv[1:]
+if args[:2] == ["-m", "venv"]:
+    venv = os.path.abspath(args[2])
+    os.makedirs(os.path.join(venv, "bin"))
+    shutil.copy(__file__, os.path.join(venv, "bin", "python"))
+    with open(os.path.join(venv, "bin", "pip"), "w") as f:
+        f.write(f"#!{{venv}}/bin/python\\n")
+    sys.exit(0)
+venv = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+installed = os.path.join(venv, "installed")
+if args[:2] == ["-m", "pip"]:
+    with open(os.path.join(venv, "pip.log"), "a") as f:
+        f.write(" ".join(args[2:]) + "\\n")
+    if "-e" in args:
+        open(installed, "w").close()
+    sys.exit(0)
+if "-c" in args:
+    code = args[args.index("-c") + 1]
+    if os.path.exists(installed):
+        code = f"import sys; sys.path.insert(0, {{os.path.dirname(venv)!r}})\\n" + code
+    sys.exit(subprocess.run([{sys.executable!r}, "-I", "-S", "-c", code]).returncode)
+sys.exit(f"fake python: unexpected arguments {{args}}")
 """
 
 
@@ -238,6 +278,26 @@ def test_a_wrong_version_is_rebuilt_with_its_output_in_a_log(
     assert not any(temp_bin.glob("*.new"))
 
 
+def test_only_the_tools_named_are_checked_and_built(
+    temp_bin: Path, fake_go: dict[str, str]
+) -> None:
+    (temp_bin / "regal").unlink()  # missing: only a build could bring it back
+    done = _run(["bash", INSTALL_TOOLS, "opa"], env=fake_go)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (built,) = _done_lines(done)
+    assert re.fullmatch(rf"setup: built opa {OPA} in \d+s", built)
+    assert not (temp_bin / "regal").exists()
+
+    check = _run(["bash", INSTALL_TOOLS, "--check", "opa"], env=fake_go)
+    assert (check.returncode, check.stdout) == (0, f"setup: opa {OPA} already present\n")
+    both = _run(["bash", INSTALL_TOOLS, "--check"], env=fake_go)
+    assert both.returncode == 1
+    assert both.stdout.splitlines() == [
+        f"setup: opa {OPA} already present",
+        f"setup: regal: {temp_bin}/regal is missing (pinned {REGAL})",
+    ]
+
+
 @pytest.mark.parametrize("failing", ["get", "build"])
 def test_a_failed_build_shows_the_log_tail_and_keeps_its_exit_status(
     temp_bin: Path, fake_go: dict[str, str], tmp_path: Path, failing: str
@@ -330,15 +390,18 @@ def test_step_returns_the_commands_status_and_stops_at_its_first_failure(
 
 
 def test_a_second_setup_changes_nothing(built_tools: None) -> None:
-    check = _run(["bash", SETUP, "--check"])
+    check = _run(["bash", SETUP, "--check", "test"])
     if check.returncode != 0:
-        pytest.fail(f"run `make setup` first; setup.sh --check said:\n{check.stdout}")
-    done = _run(["bash", SETUP])
+        pytest.fail(f"run `make setup-test` first; setup.sh --check test said:\n{check.stdout}")
+    done = _run(["bash", SETUP, "test"])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines() == [
+    dev = [
         f"setup: opa {OPA} already present",
         f"setup: regal {REGAL} already present",
         "setup: .venv is up to date",
+    ]
+    assert done.stdout.splitlines() == [
+        *dev,
         "setup: .tools/wheelhouse is up to date",
         "setup: PostgreSQL server binaries present",
         "setup: Docker engine and docker-compose present",
@@ -346,3 +409,112 @@ def test_a_second_setup_changes_nothing(built_tools: None) -> None:
         "setup: MCP peers are up to date",
         "setup: MCP Inspector CLIs are up to date",
     ]
+    # The smaller profiles look at their own parts only (the default is dev).
+    for args, lines in [([], dev), (["dev"], dev), (["demo"], [dev[0], dev[2]])]:
+        done = _run(["bash", SETUP, *args])
+        assert (done.returncode, done.stdout.splitlines()) == (0, lines), done.stderr
+
+
+@pytest.fixture
+def scratch_checkout(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A checkout of set-up's own files, and an environment that sets it up with stand-ins.
+
+    In the environment, ``python`` is FAKE_PYTHON; the tools' bin folder holds an OPA
+    at its pin and no Regal; ``go``, ``npm`` and ``apt-get`` are poisoned: each writes
+    its command line to ``poisoned.log`` and fails.
+    """
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "scripts", checkout / "scripts")
+    shutil.copy(REPO / "pyproject.toml", checkout)
+    (checkout / "capgate").mkdir()
+    (checkout / "capgate" / "__init__.py").touch()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(bin_dir / "opa", f"Version: {PIN}")
+    poison = tmp_path / "poison"
+    poison.mkdir()
+    for program in ("go", "npm", "apt-get"):
+        _executable(
+            poison / program,
+            f'#!/bin/sh\necho "{program} $*" >>{tmp_path / "poisoned.log"}\nexit 97\n',
+        )
+    env = _env(
+        PATH=f"{poison}{os.pathsep}{os.environ['PATH']}",
+        PYTHON=str(_executable(tmp_path / "python", FAKE_PYTHON)),
+        CAPGATE_TOOLS_BIN=str(bin_dir),
+        CAPGATE_LOG_DIR=str(tmp_path / "logs"),
+    )
+    return checkout, env
+
+
+def _done_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The run's lines without the progress lines a slow step adds ("... 30s")."""
+    return [line for line in done.stdout.splitlines() if not re.search(r" \.\.\. \d+s$", line)]
+
+
+def test_the_demo_sets_up_opa_and_the_venv_and_nothing_else(
+    scratch_checkout: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    checkout, env = scratch_checkout
+    setup = checkout / "scripts" / "setup.sh"
+    done = _run(["bash", setup, "demo"], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = _done_lines(done)
+    assert lines[0] == f"setup: opa {OPA} already present"
+    assert re.fullmatch(r"setup: installed capgate into \.venv in \d+s", lines[1])
+    assert lines[2:] == []  # no Regal, wheelhouse, system program or MCP peer
+    # Nothing built, fetched with npm or installed from Debian's packages, and nothing
+    # of the tests' parts in .tools: the Regal build, the wheelhouse, the peers.
+    assert not (tmp_path / "poisoned.log").exists()
+    assert not (checkout / ".tools").exists()
+    assert not (tmp_path / "bin" / "regal").exists()
+    pip = (checkout / ".venv" / "pip.log").read_text().splitlines()
+    assert pip == [
+        "install --progress-bar off --upgrade pip",
+        "install --progress-bar off -e .[mcp]",
+    ]
+
+    demo = _run(["bash", setup, "--check", "demo"], env=env)
+    assert demo.returncode == 0, demo.stdout
+    assert demo.stdout.splitlines() == [
+        f"setup: opa {OPA} already present",
+        "setup: .venv is up to date",
+    ]
+    # The other targets want Regal and the dev extra too.
+    dev = _run(["bash", setup, "--check"], env=env)
+    assert dev.returncode == 1
+    assert dev.stdout.splitlines() == [
+        f"setup: opa {OPA} already present",
+        f"setup: regal: {tmp_path}/bin/regal is missing (pinned {REGAL})",
+        "setup: .venv is not up to date: it has the mcp extra only, not the dev extra",
+    ]
+    assert not (tmp_path / "poisoned.log").exists()
+
+
+def test_a_venv_with_the_dev_extra_serves_the_demo_as_it_is(
+    scratch_checkout: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    checkout, env = scratch_checkout
+    setup = checkout / "scripts" / "setup.sh"
+    _fake_tool(tmp_path / "bin" / "regal", f"Version: {REGAL.removeprefix('v')}")
+    done = _run(["bash", setup, "dev"], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = _done_lines(done)
+    assert lines[:2] == [
+        f"setup: opa {OPA} already present",
+        f"setup: regal {REGAL} already present",
+    ]
+    assert re.fullmatch(r"setup: installed capgate into \.venv in \d+s", lines[2])
+    assert lines[3:] == []  # no wheelhouse, system program or MCP peer
+    pip = checkout / ".venv" / "pip.log"
+    assert pip.read_text().splitlines()[-1] == "install --progress-bar off -e .[dev,mcp]"
+
+    before = pip.read_text()
+    demo = _run(["bash", setup, "demo"], env=env)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert demo.stdout.splitlines() == [
+        f"setup: opa {OPA} already present",
+        "setup: .venv is up to date",
+    ]
+    assert pip.read_text() == before  # pip was not run again
+    assert not (tmp_path / "poisoned.log").exists()
