@@ -29,7 +29,7 @@ from gateway.model.contracts import Catalogue, UpstreamRef
 from gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import free_port, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 
 def _oracle_over_mcp(catalogue: Catalogue) -> Catalogue:
