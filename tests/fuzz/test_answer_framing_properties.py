@@ -39,7 +39,7 @@ from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.unit.test_opa_answer_parsing import URL, Scripted, ScriptedServer
 
-pytestmark = [pytest.mark.timeout(max(300, examples()))]
+pytestmark = [pytest.mark.timeout(max(900, examples()))]
 
 #: The request every example answers (as the policy client writes one).
 REQUEST_BODY: Final = b'{"input":{}}'

@@ -31,7 +31,7 @@ _UNITS: Final = re.compile(r"stat::number_of_executed_units: (\d+)")
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.timeout((atheris_seconds() or 60) + 120),
+    pytest.mark.timeout((atheris_seconds() or 60) + 900),
 ]
 
 

@@ -49,7 +49,7 @@ from tests.fuzz.strategies import identifiers, look_alike, plain_names
 
 load_project_code()  # the same examples alone and in the whole suite (tests/fuzz/runs.py)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(300, examples() // 10))]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(900, examples() // 10))]
 
 #: What shells, Docker's env_file and Kubernetes accept as a variable's name.
 _VARIABLE: Final = re.compile(r"[A-Z][A-Z0-9_]*")

@@ -133,7 +133,7 @@ pytestmark = [
     pytest.mark.integration,
     # About 0.02 s an example; room for a slow machine, for CAPGATE_FUZZ_EXAMPLES and
     # for shrinking a failure (a timeout would cut hypothesis off before it prints it).
-    pytest.mark.timeout(max(600, examples() // 10)),
+    pytest.mark.timeout(max(900, examples() // 10)),
 ]
 
 #: The facts' identifier rule (gateway.model.facts.Identifier).

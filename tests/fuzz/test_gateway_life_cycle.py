@@ -130,7 +130,7 @@ pytestmark = [
     pytest.mark.integration,
     # About 15 s by default. A failure is shrunk by replaying whole sequences, each
     # over a fresh store; a timeout would cut hypothesis off before it prints one.
-    pytest.mark.timeout(max(600, examples())),
+    pytest.mark.timeout(max(900, examples())),
 ]
 
 #: The most steps in one sequence.

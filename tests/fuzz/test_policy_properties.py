@@ -63,7 +63,7 @@ from tests.integration.opa_servers import external_opa
 
 load_project_code()  # the same examples alone and in the whole suite (tests/fuzz/runs.py)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(600, examples() // 5))]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(900, examples() // 5))]
 
 ROLES: Final = ("r0", "r1", "r2")
 REVIEWER: Final = "reviewer"

@@ -78,7 +78,7 @@ from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.fuzz.strategies import json_values, names, valid_value
 
-pytestmark = [pytest.mark.timeout(max(300, examples()))]
+pytestmark = [pytest.mark.timeout(max(900, examples()))]
 
 #: Every contract of the demo catalogues: a base for the drawn schemas, and examples.
 CONTRACTS: Final = [

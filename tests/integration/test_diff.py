@@ -32,7 +32,7 @@ from capgate.gateway.opa.binary import OPA_BIN_ENV, find_opa_binary
 from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
 from tests.integration.large_catalogue import write_large_catalogue
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 WIDEN, NARROW, REASONS = "hidden -> visible", "visible -> hidden", "reasons changed"

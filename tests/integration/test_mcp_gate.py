@@ -34,7 +34,7 @@ from tests.integration.mcp_upstream_support import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 _SCHEMA = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
 #: A catalogue tool that names no upstream: the gate decides where it runs.

@@ -51,7 +51,7 @@ from tests.integration.mcp_upstream_support import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 #: What a bound on a wait may be overrun by on a loaded machine (threads scheduled
 #: late) without the bound being broken: the tests prove a call cannot hang, not how

@@ -40,7 +40,7 @@ from tests.integration.mcp_upstream_support import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 _SCHEMA = {
     "type": "object",

@@ -36,7 +36,7 @@ from capgate.gateway.model.contracts import Catalogue, UpstreamRef
 from capgate.gateway.state.records import PinStatus
 from tests.integration.mcp_upstream_support import free_port, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 
 def _oracle_over_mcp(catalogue: Catalogue) -> Catalogue:

@@ -41,7 +41,7 @@ from capgate.gateway.opa.bundle import write_bundle
 from tests.integration.mcp_upstream_support import own_server, upstream_tool, write_spec
 from tests.integration.opa_servers import external_opa
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.integration
 
 TOKEN = "mbx-token-5e3a9c1d7f-do-not-leak"
 INJECTION = (

@@ -15,7 +15,7 @@ from typing import IO
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPGATE = [sys.executable, "-m", "capgate.cli.main"]
