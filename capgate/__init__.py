@@ -18,13 +18,8 @@ from capgate.adapters.tools.gate import tool_registry
 from capgate.adapters.tools.in_process import InProcessTools
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.enforce.dispatcher import (
-    Authorised,
-    DecisionEvent,
-    Dispatcher,
-    PolicyDecider,
-    Prepared,
-)
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher, PolicyDecider
+from capgate.gateway.enforce.grant import Authorised, Prepared
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,

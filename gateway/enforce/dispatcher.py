@@ -35,19 +35,26 @@ that is an ``unknown`` outcome (the tool has run), never an exception.
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
-import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
-from capgate.gateway.digest import MAX_OUTPUT_BYTES, digest_of, plain_json, plain_params
+from capgate.gateway.digest import digest_of, plain_params
+from capgate.gateway.enforce.arguments import (
+    Schemas,
+    checked_approval,
+    checked_evidence,
+    checked_facts,
+    dumped_facts,
+    subject_of,
+    validate_params,
+)
+from capgate.gateway.enforce.grant import Authorised, Prepared
+from capgate.gateway.enforce.running import interpret, outcome_of, run_tool
 from capgate.gateway.enforce.verify import Grant, verify_compose, verify_execute
 from capgate.gateway.errors import (
     CapabilityViolation,
@@ -56,10 +63,9 @@ from capgate.gateway.errors import (
     ObligationUnsupported,
     PolicyUnavailable,
     ToolNotRegistered,
-    cut,
     quote,
 )
-from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
+from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import (
     ComposeDecision,
     ComposeExplanation,
@@ -78,24 +84,13 @@ from capgate.gateway.model.facts import (
 from capgate.gateway.model.outcomes import (
     Outcome,
     OutcomeStatus,
-    ToolRefused,
-    ToolRetryable,
-    ToolUnknown,
 )
 from capgate.gateway.model.reasons import with_reasons
 from capgate.gateway.schema.validator import schema_validator
-from capgate.gateway.tools.contract import Adapter, CallContext, Secret
+from capgate.gateway.tools.contract import CallContext, Secret
 from capgate.gateway.tools.registry import ToolRegistry
 
-__all__ = [
-    "Authorised",
-    "ComposeExplainer",
-    "DecisionEvent",
-    "Dispatcher",
-    "PolicyDecider",
-    "Prepared",
-    "policy_revision",
-]
+__all__ = ["ComposeExplainer", "DecisionEvent", "Dispatcher", "PolicyDecider", "policy_revision"]
 
 log = logging.getLogger("capgate.dispatch")
 
@@ -145,57 +140,6 @@ def _codes(reasons: Iterable[Reason]) -> tuple[str, ...]:
 _D = TypeVar("_D")
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A call's parameters, checked and frozen before anything is asked.
-
-    ``canonical`` is the one private copy of the parameters as canonical JSON:
-    what is validated, hashed into ``digest`` and, later, run. ``contract`` is None
-    for a tool the catalogue lacks (OPA then denies it as ``unknown_tool``).
-    """
-
-    tool: str
-    contract: ToolContract | None
-    canonical: bytes
-    digest: str
-    subject: dict[str, str] | None
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """A fresh copy of the parameters (the frozen bytes never change)."""
-        copied: dict[str, Any] = json.loads(self.canonical)
-        return copied
-
-
-@dataclass(frozen=True, slots=True)
-class Authorised:
-    """A frozen grant of exactly what OPA decided, ready to run now or later.
-
-    ``action`` is what runs: the tool itself, or for a dispatched proposal the
-    contract's execution action. The adapter was found when the grant was made, so
-    running touches no registry and cannot fail to find it.
-    """
-
-    grant: Grant
-    request: ExecuteInput
-    prepared: Prepared
-    action: str
-    adapter: Adapter | None  # None only for a proposal: nothing runs at that stage
-    revision: str | None
-
-    @property
-    def contract(self) -> ToolContract:
-        return self.grant.contract
-
-    @property
-    def operation_id(self) -> str:
-        return self.grant.operation_id
-
-    @property
-    def decision_id(self) -> str | None:
-        return self.grant.decision_id
-
-
 class Dispatcher:
     """Enforces OPA's decisions for one catalogue, one policy client and one registry."""
 
@@ -212,7 +156,7 @@ class Dispatcher:
         self.policy = policy
         self.registry = registry
         self._observer = observer
-        self._schemas: dict[str, _Schemas] = {}
+        self._schemas: dict[str, Schemas] = {}
 
     # -- compose -------------------------------------------------------------------
 
@@ -229,7 +173,7 @@ class Dispatcher:
         catalogue (:func:`~capgate.gateway.enforce.verify.verify_compose`), or for reasons
         asked of a decider that cannot explain.
         """
-        facts = _compose_facts(facts)
+        facts = checked_facts(facts)
         decision = _ask(self.policy.compose, facts, "compose")
         if reasons:
             policy = self.policy
@@ -299,8 +243,8 @@ class Dispatcher:
         contract = self.catalogue.tools.get(tool)
         subject = None
         if contract is not None:
-            _validate_params(contract, self._schemas_for(contract).input, authorised)
-            subject = _subject(contract, authorised)
+            validate_params(contract, self._schemas_for(contract).input, authorised)
+            subject = subject_of(contract, authorised)
         return Prepared(tool, contract, canonical, digest_of(canonical), subject)
 
     def execute_input(
@@ -326,7 +270,7 @@ class Dispatcher:
         on their own: that was a tenth of this method's time); a bad fact is still
         named as one of the facts.
         """
-        dumped = _dumped_facts(facts)
+        dumped = dumped_facts(facts)
         if operation_id is not None and not isinstance(operation_id, str):
             raise InvalidInput(
                 f"operation_id must be a string or None, not a {type(operation_id).__name__}"
@@ -342,8 +286,8 @@ class Dispatcher:
         ):
             if value is not None and not isinstance(value, model):
                 raise InvalidInput(f"{name} must be a {model.__name__} or None")
-        approval = _approval(approval)
-        names = _evidence(evidence)
+        approval = checked_approval(approval)
+        names = checked_evidence(evidence)
         contract = prepared.contract
         call: dict[str, Any] = {
             "tool": prepared.tool,
@@ -370,7 +314,7 @@ class Dispatcher:
                 }
             )
         except ValidationError as exc:
-            _compose_facts(facts)  # raises for a bad fact, named as one of the facts
+            checked_facts(facts)  # raises for a bad fact, named as one of the facts
             raise InvalidInput.from_validation(exc, f"call to {quote(prepared.tool)}") from None
 
     def authorise(self, prepared: Prepared, request: ExecuteInput) -> Authorised:
@@ -438,7 +382,7 @@ class Dispatcher:
         grant = authorised.grant
         contract = grant.contract
         if authorised.adapter is None:  # a proposal's grant: there is nothing to run
-            return _outcome(contract, grant, OutcomeStatus.REFUSED, error="nothing to run")
+            return outcome_of(contract, grant, OutcomeStatus.REFUSED, error="nothing to run")
         context = CallContext(
             operation_id=grant.operation_id,
             idempotency_key=grant.idempotency_key,
@@ -447,7 +391,7 @@ class Dispatcher:
             account=account,
             credential=credential,
         )
-        outcome = _run(
+        outcome = run_tool(
             authorised.adapter,
             authorised.action,
             contract,
@@ -507,7 +451,7 @@ class Dispatcher:
         run could not.
         """
         contract = authorised.contract
-        return _interpret(contract, self._schemas_for(contract).output, raw, authorised.grant)
+        return interpret(contract, self._schemas_for(contract).output, raw, authorised.grant)
 
     def interpret_found(self, contract: ToolContract, operation_id: str, raw: object) -> Outcome:
         """What a lookup made outside any call (settling an unknown operation) found,
@@ -515,13 +459,13 @@ class Dispatcher:
         nothing, it only says what already happened."""
         grant = Grant(contract=contract, operation_id=operation_id, idempotency_key=None,
                       decision_id=None)  # fmt: skip
-        return _interpret(contract, self._schemas_for(contract).output, raw, grant)
+        return interpret(contract, self._schemas_for(contract).output, raw, grant)
 
-    def _schemas_for(self, contract: ToolContract) -> _Schemas:
+    def _schemas_for(self, contract: ToolContract) -> Schemas:
         """Compiled validators, built once per tool rather than on every call."""
         schemas = self._schemas.get(contract.name)
         if schemas is None:
-            schemas = _Schemas(
+            schemas = Schemas(
                 schema_validator(contract.input_schema), schema_validator(contract.output_schema)
             )
             self._schemas[contract.name] = schemas
@@ -557,69 +501,6 @@ class Dispatcher:
             self._observer(event)
 
 
-# -- checking the call's arguments ---------------------------------------------------
-
-
-def _compose_facts(facts: object) -> ComposeInput:
-    """The facts as a validated ComposeInput, whatever model object was passed.
-
-    Always validated again, from a plain dump: a ComposeInput made with pydantic's
-    ``model_construct`` or ``model_copy(update=...)`` skipped validation, and a
-    richer model (an ExecuteInput) is cut down to the compose fields. Dumping
-    without serialisation warnings: those would quote the fact values.
-    """
-    try:
-        return ComposeInput.model_validate(_dumped_facts(facts))
-    except ValidationError as exc:
-        raise InvalidInput.from_validation(exc, "facts") from None
-
-
-_COMPOSE_FIELDS: Final = frozenset(ComposeInput.model_fields)
-
-
-def _dumped_facts(facts: object) -> dict[str, Any]:
-    """The compose fields of ``facts`` as plain data, to be validated by the caller."""
-    if not isinstance(facts, ComposeInput):
-        raise InvalidInput(f"facts must be a ComposeInput, not a {type(facts).__name__}")
-    try:
-        return facts.model_dump(include=set(_COMPOSE_FIELDS), warnings=False)
-    except Exception as exc:  # a field holding something that cannot be dumped at all
-        raise InvalidInput(f"facts could not be read ({type(exc).__name__})") from None
-
-
-def _approval(approval: object) -> Approval | None:
-    if approval is None or isinstance(approval, Approval):
-        return approval
-    raise InvalidInput(f"approval must be an Approval or None, not a {type(approval).__name__}")
-
-
-#: Evidence names accepted per call; a contract requires a handful.
-MAX_EVIDENCE: Final = 256
-
-
-def _evidence(evidence: object) -> list[str]:
-    """The evidence names as a list of strings, or InvalidInput.
-
-    A single string is refused: iterating it would present its letters as evidence.
-    """
-    if isinstance(evidence, str | bytes) or not isinstance(evidence, Iterable):
-        raise InvalidInput(
-            f"evidence must be a collection of names, not a {type(evidence).__name__}"
-        )
-    try:
-        names = list(itertools.islice(evidence, MAX_EVIDENCE + 1))
-    except Exception as exc:  # the caller's own iterable failed
-        raise InvalidInput(f"evidence could not be read ({type(exc).__name__})") from None
-    if len(names) > MAX_EVIDENCE:
-        raise InvalidInput(f"evidence: more than the limit of {MAX_EVIDENCE} names")
-    for position, name in enumerate(names):
-        if not isinstance(name, str):
-            raise InvalidInput(
-                f"evidence[{position}] must be a name (a string), not a {type(name).__name__}"
-            )
-    return [str.__str__(name) for name in names]
-
-
 def _ask(question: Callable[[Any], _D], facts: Any, kind: str) -> _D:
     """One question to the decider; any failure of its own is PolicyUnavailable.
 
@@ -637,196 +518,6 @@ def _ask(question: Callable[[Any], _D], facts: Any, kind: str) -> _D:
         ) from exc
 
 
-# -- helpers ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Schemas:
-    input: Validator
-    output: Validator
-
-
-#: Schema errors collected before giving up on listing them all.
-_MAX_ERRORS: Final = 100
-
-
-def _schema_problem(validator: Validator, value: Any) -> str | None:
-    """Where ``value`` breaks the schema and which rule it breaks, or None.
-
-    Names the path and the schema keyword only: jsonschema's own messages quote the
-    offending value, and parameters or tool output may hold secrets. The keywords
-    capgate implements itself (``required``, ``additionalProperties``,
-    ``unevaluatedProperties``, ``pattern``, ``format``) word their messages without
-    values, so those are shown. Raises _Unevaluable if the schema itself cannot be
-    evaluated (a stack too deep for it, or a reference gone wrong).
-    """
-    try:
-        errors = list(itertools.islice(validator.iter_errors(value), _MAX_ERRORS))
-    except RecursionError:
-        raise _Unevaluable("too deeply nested for the schema to be evaluated") from None
-    except Exception as exc:  # e.g. an unresolvable $ref that escaped the load checks
-        raise _Unevaluable(f"the schema could not be evaluated ({type(exc).__name__})") from None
-    if not errors:
-        return None
-    errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
-    first = errors[0]
-    where = quote("/".join(str(p) for p in first.absolute_path) or "(top level)")
-    rule = first.validator
-    if rule == "required":
-        required = first.validator_value if isinstance(first.validator_value, list) else []
-        instance = first.instance if isinstance(first.instance, dict) else {}
-        missing = [name for name in required if name not in instance]
-        detail = "missing required field(s) " + ", ".join(quote(m, 40) for m in missing[:5])
-    elif rule in {"additionalProperties", "unevaluatedProperties", "pattern", "format"}:
-        detail = cut(first.message, 200)  # our own wording: names and rules only
-    else:
-        detail = f"fails the schema's {quote(str(rule), 40)} rule"
-    count = len(errors)
-    more = ""
-    if count > 1:
-        more = f" (and {'more than ' if count >= _MAX_ERRORS else ''}{count - 1} more problem(s))"
-    return f"{where}: {detail}{more}"
-
-
-class _Unevaluable(Exception):
-    """The schema could not be evaluated on this value; the message holds no values."""
-
-
-def _validate_params(contract: ToolContract, validator: Validator, params: dict[str, Any]) -> None:
-    try:
-        problem = _schema_problem(validator, params)
-    except _Unevaluable as exc:
-        raise InvalidInput(f"tool {quote(contract.name)}: parameters: {exc}") from None
-    if problem is not None:
-        raise InvalidInput(f"tool {quote(contract.name)}: parameter {problem}")
-
-
-def _subject(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str] | None:
-    """The business object the call acts on, read from the parameters themselves.
-
-    Deriving it from the parameters (not from a separate argument) means the subject
-    the policy checks is the one the tool will actually touch.
-    """
-    if contract.subject_type is None:
-        return None
-    field = contract.subject_param or f"{contract.subject_type}_id"
-    value = params.get(field)
-    if not isinstance(value, str) or not value:
-        raise InvalidInput(
-            f"tool {quote(contract.name)}: parameter {quote(field)} must name "
-            f"the {contract.subject_type}"
-        )
-    return {"type": contract.subject_type, "id": value}
-
-
-#: Characters of a tool's own error text kept in an Outcome.
-MAX_ERROR_TEXT: Final = 2000
-
-
-#: The longest wait a tool may ask for; a provider asking for more is asked again later.
-_MAX_RETRY_AFTER_SECONDS = 86_400.0
-
-
-def _retry_after(value: object) -> float | None:
-    """The tool's suggested wait, if it is a usable number of seconds.
-
-    A tool's exception is untrusted output like its result: a wait that is not a
-    finite, non-negative number (NaN, infinity, a string) is dropped rather than
-    allowed to break the outcome's record after the tool already ran.
-    """
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return min(float(value), _MAX_RETRY_AFTER_SECONDS)
-
-
-def _outcome(contract: ToolContract, grant: Grant, status: OutcomeStatus, **fields: Any) -> Outcome:
-    return Outcome(
-        tool=contract.name,
-        version=contract.version,
-        operation_id=grant.operation_id,
-        status=status,
-        decision_id=grant.decision_id,
-        **fields,
-    )
-
-
-def _run(
-    adapter: Adapter,
-    action: str,
-    contract: ToolContract,
-    output_validator: Validator,
-    params: dict[str, Any],
-    context: CallContext,
-    grant: Grant,
-) -> Outcome:
-    try:
-        raw = adapter.run(action, params, context)
-    except ToolRefused as exc:
-        return _outcome(contract, grant, OutcomeStatus.REFUSED, error=_text(exc))
-    except ToolRetryable as exc:
-        retry_after = _retry_after(exc.retry_after_seconds)
-        return _outcome(
-            contract,
-            grant,
-            OutcomeStatus.RETRYABLE,
-            error=_text(exc),
-            retry_after_seconds=retry_after,
-        )
-    except ToolUnknown as exc:  # the request may have left: say so, never guess
-        return _outcome(
-            contract,
-            grant,
-            OutcomeStatus.UNKNOWN,
-            error=_text(exc),
-            recovery=contract.recovery,
-            retry_after_seconds=_retry_after(getattr(exc, "retry_after_seconds", None)),
-        )
-    except Exception as exc:  # the tool's own failure: contain it, never crash the agent
-        # Only the adapter can say "nothing happened" (ToolRetryable). Any other
-        # failure of a tool that changes the world (a timeout, a crash half-way) may
-        # have come after its effect: unknown, looked up before any retry, its budget
-        # still held. Idempotency does not make it retryable: an agent that repeats
-        # it without the operation id sends again under a new key, and a retryable
-        # outcome would hand back the budget of a spend that happened. A read has no
-        # effect to lose, so it may simply be tried again.
-        status = OutcomeStatus.RETRYABLE if contract.mode is Mode.READ else OutcomeStatus.UNKNOWN
-        error = f"{type(exc).__name__}: {_text(exc)}"
-        return _outcome(contract, grant, status, error=error, recovery=contract.recovery)
-    return _interpret(contract, output_validator, raw, grant)
-
-
-def _interpret(
-    contract: ToolContract, output_validator: Validator, raw: object, grant: Grant
-) -> Outcome:
-    """The outcome of a result the tool (or a lookup) returned.
-
-    The tool has run: whatever goes wrong here must still be an Outcome with the
-    recovery procedure, because the external effect may have happened. A contract
-    with a ``receipt_field`` is a success only with a non-empty receipt there.
-    """
-    try:
-        result = _checked_output(output_validator, raw)
-    except _BadOutput as exc:
-        return _outcome(
-            contract, grant, OutcomeStatus.UNKNOWN, error=str(exc), recovery=contract.recovery
-        )
-    receipt = None
-    if contract.receipt_field is not None:
-        receipt = result.get(contract.receipt_field)
-        if not isinstance(receipt, str) or not receipt:
-            return _outcome(
-                contract,
-                grant,
-                OutcomeStatus.UNKNOWN,
-                error=f"tool output has no provider receipt in {quote(contract.receipt_field)}",
-                recovery=contract.recovery,
-            )
-        receipt = cut(receipt, 256)
-    return _outcome(contract, grant, OutcomeStatus.SUCCESS, result=result, provider_receipt=receipt)
-
-
 def policy_revision(revisions: object) -> str | None:
     """The policy revision a decision was made under, for traces and the ledger.
 
@@ -842,36 +533,3 @@ def policy_revision(revisions: object) -> str | None:
 
 def _revision(decision: object) -> str | None:
     return policy_revision(getattr(decision, "bundle_revisions", None))
-
-
-def _text(exc: BaseException) -> str:
-    """``str(exc)`` cut to :data:`MAX_ERROR_TEXT`, even when ``__str__`` itself fails."""
-    try:
-        text = str(exc)
-    except Exception:
-        return f"<{type(exc).__name__} with an unprintable message>"
-    return cut(text, MAX_ERROR_TEXT)
-
-
-class _BadOutput(Exception):
-    """Tool output that breaks the contract; the message holds no output values."""
-
-
-def _checked_output(validator: Validator, raw: object) -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise _BadOutput(f"tool returned {type(raw).__name__}, not a JSON object")
-    try:
-        if not isinstance(raw, dict):
-            raw = dict(raw.items())
-        result: dict[str, Any] = plain_json(raw, what="tool output", max_bytes=MAX_OUTPUT_BYTES)
-    except InvalidInput as exc:
-        raise _BadOutput(str(exc)) from None
-    except Exception as exc:  # the tool's own Mapping class failed while being read
-        raise _BadOutput(f"tool output could not be read ({type(exc).__name__})") from None
-    try:
-        problem = _schema_problem(validator, result)
-    except _Unevaluable as exc:
-        raise _BadOutput(f"tool output: {exc}") from None
-    if problem is not None:
-        raise _BadOutput(f"tool output breaks its schema at {problem}")
-    return result

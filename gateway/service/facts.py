@@ -14,7 +14,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from capgate.gateway.enforce.dispatcher import Dispatcher, Prepared
+from capgate.gateway.enforce.dispatcher import Dispatcher
+from capgate.gateway.enforce.grant import Prepared
 from capgate.gateway.errors import UnknownTenant
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import (

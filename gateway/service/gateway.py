@@ -38,12 +38,8 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from capgate.gateway.enforce.dispatcher import (
-    Authorised,
-    DecisionEvent,
-    Dispatcher,
-    policy_revision,
-)
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher, policy_revision
+from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable, quote
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import ComposeDecision

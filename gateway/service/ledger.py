@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from capgate.gateway.enforce.dispatcher import Authorised
+from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.model.facts import Principal
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.state.store import Store

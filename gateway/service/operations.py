@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final, NoReturn
 
-from capgate.gateway.enforce.dispatcher import Authorised, Dispatcher
+from capgate.gateway.enforce.dispatcher import Dispatcher
+from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import CapabilityViolation, OperationConflict, quote
 from capgate.gateway.model.contracts import Idempotency
 from capgate.gateway.model.decisions import Reason

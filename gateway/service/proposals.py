@@ -16,7 +16,8 @@ import uuid
 from datetime import timedelta
 from typing import Final, Protocol
 
-from capgate.gateway.enforce.dispatcher import Authorised, PolicyDecider, policy_revision
+from capgate.gateway.enforce.dispatcher import PolicyDecider, policy_revision
+from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import (
     CapabilityViolation,
     CapgateError,

@@ -1,0 +1,170 @@
+"""A call's arguments, checked before anything is asked: nothing malformed reaches OPA.
+
+The facts a caller (or the gateway) hands over are validated again from a plain dump
+(a model built with ``model_construct`` skipped validation); the evidence names, the
+approval, and the parameters against the tool's input schema are checked here, and
+the subject the policy judges is read from the parameters themselves. Every problem
+is an :class:`~capgate.gateway.errors.InvalidInput` naming the field and the rule,
+never the value (parameters may hold secrets).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from jsonschema.protocols import Validator
+from pydantic import ValidationError
+
+from capgate.gateway.errors import InvalidInput, cut, quote
+from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.facts import Approval, ComposeInput
+
+__all__ = [
+    "MAX_EVIDENCE",
+    "Schemas",
+    "Unevaluable",
+    "checked_approval",
+    "checked_evidence",
+    "checked_facts",
+    "dumped_facts",
+    "schema_problem",
+    "subject_of",
+    "validate_params",
+]
+
+_COMPOSE_FIELDS: Final = frozenset(ComposeInput.model_fields)
+#: Evidence names accepted per call; a contract requires a handful.
+MAX_EVIDENCE: Final = 256
+#: Schema errors collected before giving up on listing them all.
+_MAX_ERRORS: Final = 100
+
+
+def checked_facts(facts: object) -> ComposeInput:
+    """The facts as a validated ComposeInput, whatever model object was passed.
+
+    Always validated again, from a plain dump: a ComposeInput made with pydantic's
+    ``model_construct`` or ``model_copy(update=...)`` skipped validation, and a
+    richer model (an ExecuteInput) is cut down to the compose fields. Dumping
+    without serialisation warnings: those would quote the fact values.
+    """
+    try:
+        return ComposeInput.model_validate(dumped_facts(facts))
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, "facts") from None
+
+
+def dumped_facts(facts: object) -> dict[str, Any]:
+    """The compose fields of ``facts`` as plain data, to be validated by the caller."""
+    if not isinstance(facts, ComposeInput):
+        raise InvalidInput(f"facts must be a ComposeInput, not a {type(facts).__name__}")
+    try:
+        return facts.model_dump(include=set(_COMPOSE_FIELDS), warnings=False)
+    except Exception as exc:  # a field holding something that cannot be dumped at all
+        raise InvalidInput(f"facts could not be read ({type(exc).__name__})") from None
+
+
+def checked_approval(approval: object) -> Approval | None:
+    if approval is None or isinstance(approval, Approval):
+        return approval
+    raise InvalidInput(f"approval must be an Approval or None, not a {type(approval).__name__}")
+
+
+def checked_evidence(evidence: object) -> list[str]:
+    """The evidence names as a list of strings, or InvalidInput.
+
+    A single string is refused: iterating it would present its letters as evidence.
+    """
+    if isinstance(evidence, str | bytes) or not isinstance(evidence, Iterable):
+        raise InvalidInput(
+            f"evidence must be a collection of names, not a {type(evidence).__name__}"
+        )
+    try:
+        names = list(itertools.islice(evidence, MAX_EVIDENCE + 1))
+    except Exception as exc:  # the caller's own iterable failed
+        raise InvalidInput(f"evidence could not be read ({type(exc).__name__})") from None
+    if len(names) > MAX_EVIDENCE:
+        raise InvalidInput(f"evidence: more than the limit of {MAX_EVIDENCE} names")
+    for position, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InvalidInput(
+                f"evidence[{position}] must be a name (a string), not a {type(name).__name__}"
+            )
+    return [str.__str__(name) for name in names]
+
+
+@dataclass(frozen=True, slots=True)
+class Schemas:
+    input: Validator
+    output: Validator
+
+
+def schema_problem(validator: Validator, value: Any) -> str | None:
+    """Where ``value`` breaks the schema and which rule it breaks, or None.
+
+    Names the path and the schema keyword only: jsonschema's own messages quote the
+    offending value, and parameters or tool output may hold secrets. The keywords
+    capgate implements itself (``required``, ``additionalProperties``,
+    ``unevaluatedProperties``, ``pattern``, ``format``) word their messages without
+    values, so those are shown. Raises Unevaluable if the schema itself cannot be
+    evaluated (a stack too deep for it, or a reference gone wrong).
+    """
+    try:
+        errors = list(itertools.islice(validator.iter_errors(value), _MAX_ERRORS))
+    except RecursionError:
+        raise Unevaluable("too deeply nested for the schema to be evaluated") from None
+    except Exception as exc:  # e.g. an unresolvable $ref that escaped the load checks
+        raise Unevaluable(f"the schema could not be evaluated ({type(exc).__name__})") from None
+    if not errors:
+        return None
+    errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
+    first = errors[0]
+    where = quote("/".join(str(p) for p in first.absolute_path) or "(top level)")
+    rule = first.validator
+    if rule == "required":
+        required = first.validator_value if isinstance(first.validator_value, list) else []
+        instance = first.instance if isinstance(first.instance, dict) else {}
+        missing = [name for name in required if name not in instance]
+        detail = "missing required field(s) " + ", ".join(quote(m, 40) for m in missing[:5])
+    elif rule in {"additionalProperties", "unevaluatedProperties", "pattern", "format"}:
+        detail = cut(first.message, 200)  # our own wording: names and rules only
+    else:
+        detail = f"fails the schema's {quote(str(rule), 40)} rule"
+    count = len(errors)
+    more = ""
+    if count > 1:
+        more = f" (and {'more than ' if count >= _MAX_ERRORS else ''}{count - 1} more problem(s))"
+    return f"{where}: {detail}{more}"
+
+
+class Unevaluable(Exception):
+    """The schema could not be evaluated on this value; the message holds no values."""
+
+
+def validate_params(contract: ToolContract, validator: Validator, params: dict[str, Any]) -> None:
+    try:
+        problem = schema_problem(validator, params)
+    except Unevaluable as exc:
+        raise InvalidInput(f"tool {quote(contract.name)}: parameters: {exc}") from None
+    if problem is not None:
+        raise InvalidInput(f"tool {quote(contract.name)}: parameter {problem}")
+
+
+def subject_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, str] | None:
+    """The business object the call acts on, read from the parameters themselves.
+
+    Deriving it from the parameters (not from a separate argument) means the subject
+    the policy checks is the one the tool will actually touch.
+    """
+    if contract.subject_type is None:
+        return None
+    field = contract.subject_param or f"{contract.subject_type}_id"
+    value = params.get(field)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(
+            f"tool {quote(contract.name)}: parameter {quote(field)} must name "
+            f"the {contract.subject_type}"
+        )
+    return {"type": contract.subject_type, "id": value}
