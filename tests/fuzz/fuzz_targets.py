@@ -61,7 +61,7 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, not an install
 
-with atheris.instrument_imports(include=["gateway"]):
+with atheris.instrument_imports(include=["capgate.gateway"]):
     from capgate.gateway.digest import canonical_json, plain_json, plain_params
     from capgate.gateway.errors import InvalidInput, PolicyUnavailable
     from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
