@@ -5,4 +5,5 @@ be sent; ``timeouts`` how long a question may take; ``edge`` each request and th
 translation of every failure into ``PolicyUnavailable``; ``answer`` the pure reading
 of an answer into a decision (strict JSON, provenance, the decision models, the
 pinned catalogue and revision); ``wire`` the one-write, one-deadline HTTP/1.1
-exchange. Running and packaging OPA is the :mod:`capgate.gateway.opa` room's job."""
+exchange and its pool; ``framing`` where an answer's head and body begin and end.
+Running and packaging OPA is the :mod:`capgate.gateway.opa` room's job."""
