@@ -43,6 +43,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -248,6 +249,9 @@ class DeadlineTransport(httpx.BaseTransport):
     :data:`DEADLINE`.
     """
 
+    #: What reads each answer (an experiment: framing's own or llhttp's).
+    reader: Any = AnswerReader
+
     def __init__(
         self,
         *,
@@ -357,7 +361,7 @@ class DeadlineTransport(httpx.BaseTransport):
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
         timeouts: Mapping[str, float | None],
-    ) -> tuple[_Connection, AnswerReader]:
+    ) -> tuple[_Connection, Any]:
         """Send one request and read the answer's head; the body is the caller's to read."""
         if self._closed:
             raise httpx.ConnectError("the policy client's transport is closed")
@@ -371,7 +375,7 @@ class DeadlineTransport(httpx.BaseTransport):
             sock.read_timeout = timeouts.get("read")
             sock.write_timeout = timeouts.get("write")
             sock.sendall(sent)
-            reader = AnswerReader(connection, method)
+            reader = self.reader(connection, method)
         except OSError as exc:  # the socket maps its own; this is a last resort
             connection.close()
             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc

@@ -1,0 +1,379 @@
+"""The policy client's HTTP/1.1 answer reader against libraries that could do its job.
+
+Run by ``make bench`` after ``whole_catalogue.py``; with ``--append FILE`` the results
+are added to that Markdown file (docs/benchmarks.md) as one section. Every figure is
+from this one run on a shared machine; the ratios compare measures taken in turn.
+
+The readers, each inside the same deadline socket and connection pool
+(:class:`capgate.gateway.policy.wire.DeadlineTransport`):
+
+- capgate's own (:class:`capgate.gateway.policy.framing.AnswerReader`);
+- httptools (llhttp) with capgate's strictness as checks around it
+  (:class:`capgate.gateway.policy.framing_llhttp.LlhttpAnswerReader`);
+- h11 (the reader httpx's own transport uses, and the framing properties' oracle),
+  as a minimal reader here: h11's own checks, none of capgate's.
+
+1. End to end: ``PolicyClient.execute`` of a 1,000-tool catalogue against the
+   embedded OPA on its unix socket, one client per reader, interleaved in rounds:
+   p50, and the CPU per call of this process and of OPA over a block of calls.
+2. Parsing alone: the bytes OPA sent for an execute, a compose and an explain-compose
+   answer (recorded from the exchange), read from memory by each reader, and by
+   httptools with no check of capgate's (the least a reader on it can cost): CPU per
+   answer.
+
+Benchmarks are scripts, not tests: CI times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import h11
+import httptools
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.compose_scaling import (
+    SYNTHETIC_FACTS,
+    pct,
+    process_cpu_s,
+    synthetic_call,
+    synthetic_catalogue,
+    timed,
+)
+from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy import wire
+from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.framing import CHUNK, AnswerReader, Source
+from capgate.gateway.policy.framing_llhttp import LlhttpAnswerReader
+
+TOOLS: Final = 1_000
+
+
+class H11Reader:
+    """An answer read by h11 alone, with the interface the transport expects."""
+
+    def __init__(self, source: Source, method: str) -> None:
+        self._source = source
+        connection = h11.Connection(our_role=h11.CLIENT)
+        connection.send(h11.Request(method=method, target="/", headers=[("Host", "opa")]))
+        connection.send(h11.EndOfMessage())
+        self._connection = connection
+        self.done = False
+        while True:
+            event = self._next()
+            if isinstance(event, h11.Response):
+                break
+        self.status = event.status_code
+        self.http_version = "HTTP/" + event.http_version.decode()
+        self.fields = [(bytes(name), bytes(value)) for name, value in event.headers.raw_items()]
+        self.index: dict[bytes, list[bytes]] = {}
+        for name, value in self.fields:
+            self.index.setdefault(name.lower(), []).append(value)
+        declared = self.index.get(b"content-length")
+        self.length = int(declared[0]) if declared else None
+
+    def _next(self) -> Any:
+        connection = self._connection
+        while True:
+            event = connection.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            source = self._source
+            if not source.buffer and not source.receive():
+                connection.receive_data(b"")
+                continue
+            connection.receive_data(bytes(source.buffer))
+            source.buffer.clear()
+
+    def get(self, name: bytes) -> str | None:
+        values = self.index.get(name)
+        return None if values is None else b", ".join(values).decode("latin-1")
+
+    @property
+    def reusable(self) -> bool:
+        connection = self._connection
+        return (
+            self.done
+            and connection.their_state is h11.DONE
+            and connection.our_state is h11.DONE
+            and not connection.trailing_data[0]
+        )
+
+    def read(self) -> bytes:
+        if self.done:
+            return b""
+        event = self._next()
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            self.done = True
+            return b""
+        raise httpx.RemoteProtocolError(f"h11: {event!r}")
+
+
+class HttptoolsReader:
+    """An answer read by httptools (llhttp) alone, with the interface the transport
+    expects: llhttp's own checks, none of capgate's."""
+
+    def __init__(self, source: Source, method: str) -> None:
+        self._source = source
+        self._parser = httptools.HttpResponseParser(self)
+        self._pieces: list[bytes] = []
+        self._head = False
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.index: dict[bytes, list[bytes]] = {}
+        self.done = False
+        self.keep_alive = False
+        while not self._head:
+            self._feed()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        self.status = parser.get_status_code()
+        self.http_version = "HTTP/" + parser.get_http_version()
+        self.keep_alive = parser.should_keep_alive()
+        for name, value in self.fields:
+            self.index.setdefault(name.lower(), []).append(value)
+        declared = self.index.get(b"content-length")
+        self.length = int(declared[0]) if declared else None
+        self._head = True
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def _feed(self) -> None:
+        source = self._source
+        if not source.buffer and not source.receive():
+            if self._head:  # framed by the close
+                self.done = True
+                return
+            raise httpx.RemoteProtocolError("closed within the head")
+        try:
+            self._parser.feed_data(source.buffer)
+        except httptools.HttpParserError as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from None
+        source.buffer.clear()
+
+    def get(self, name: bytes) -> str | None:
+        values = self.index.get(name)
+        return None if values is None else b", ".join(values).decode("latin-1")
+
+    @property
+    def reusable(self) -> bool:
+        return self.done and self.keep_alive
+
+    def read(self) -> bytes:
+        while not self._pieces and not self.done:
+            self._feed()
+        pieces = self._pieces
+        piece = b"".join(pieces)
+        pieces.clear()
+        return piece
+
+
+class _Replay:
+    """A Source over recorded bytes, received in the socket's pieces."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+        self._at = 0
+        self.buffer = bytearray()
+
+    def receive(self) -> bool:
+        piece = self._data[self._at : self._at + CHUNK]
+        self._at += len(piece)
+        self.buffer += piece
+        return bool(piece)
+
+
+def read_whole(reader: Callable[[Source, str], Any], data: bytes) -> bytes:
+    answer = reader(_Replay(data), "POST")
+    return b"".join(iter(answer.read, b""))
+
+
+READERS: Final[tuple[tuple[str, Any], ...]] = (
+    ("capgate's own", AnswerReader),
+    ("httptools (llhttp) + capgate's checks", LlhttpAnswerReader),
+    ("httptools, its own checks only", HttptoolsReader),
+    ("h11, its own checks only", H11Reader),
+)
+
+
+@contextmanager
+def recording() -> Iterator[list[bytes]]:
+    """Every byte the transport receives, one entry per exchange made meanwhile."""
+    received: list[bytes] = []
+    original = wire._Connection.receive
+
+    def receive(self: Any) -> bool:
+        before = len(self.buffer)
+        more = original(self)
+        received.append(bytes(self.buffer[before:]))
+        return more
+
+    wire._Connection.receive = receive  # type: ignore[method-assign]
+    try:
+        yield received
+    finally:
+        wire._Connection.receive = original  # type: ignore[method-assign]
+
+
+def cpu_per_call(fn: Callable[[], Any], calls: int, opa_pid: int) -> tuple[float, float]:
+    """(this process's, OPA's) CPU µs per call over one block of ``calls``."""
+    before, opa_before = os.times(), process_cpu_s(opa_pid)
+    for _ in range(calls):
+        fn()
+    after, opa_after = os.times(), process_cpu_s(opa_pid)
+    ours = (after.user - before.user) + (after.system - before.system)
+    return ours / calls * 1e6, (opa_after - opa_before) / calls * 1e6
+
+
+def parse_cpu_us(fn: Callable[[], Any], budget_s: float = 0.3) -> float:
+    """Median CPU µs of ``fn`` over blocks, each about ``budget_s`` of CPU."""
+    fn()
+    started = time.process_time()
+    runs = 0
+    while time.process_time() - started < 0.05:
+        fn()
+        runs += 1
+    per_block = max(1, int(runs * budget_s / 0.05))
+    blocks = []
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(per_block):
+            fn()
+        blocks.append((time.process_time() - started) / per_block * 1e6)
+    return statistics.median(blocks)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--append", type=Path, help="add the results to this Markdown file")
+    parser.add_argument("--runs", type=int, default=2_000, help="execute calls per reader")
+    args = parser.parse_args()
+    before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load average {before}", flush=True)
+    catalogue = synthetic_catalogue(TOOLS)
+    call = synthetic_call(catalogue)
+    with PolicySidecar(catalogue, policies_dir=default_policies_dir()) as sidecar:
+        assert sidecar.process is not None
+        address, opa_pid = sidecar.process.address, sidecar.process.pid
+        clients: dict[str, PolicyClient] = {}
+        for name, reader in READERS:
+            client = clients[name] = PolicyClient(address, timeout=5.0, catalogue_size=TOOLS)
+            client._edge._direct.reader = reader  # type: ignore[union-attr]
+        decisions = {name: client.execute(call) for name, client in clients.items()}
+        if len({d.model_dump_json(exclude={"decision_id"}) for d in decisions.values()}) != 1:
+            sys.exit(f"bench: the readers disagree: {decisions}")
+        # 1. End to end, interleaved in rounds; then CPU over a block of each.
+        samples: dict[str, list[float]] = {name: [] for name in clients}
+        for client in clients.values():
+            timed(lambda client=client: client.execute(call), 200)  # warm-up
+        rounds = 10
+        for _ in range(rounds):
+            for name, client in clients.items():
+                samples[name] += timed(
+                    lambda client=client: client.execute(call), args.runs // rounds
+                )
+        cpu = {
+            name: cpu_per_call(lambda client=client: client.execute(call), args.runs // 2, opa_pid)
+            for name, client in clients.items()
+        }
+        # 2. What OPA sends, recorded through the product's own reader.
+        own = clients[READERS[0][0]]
+        answers: dict[str, bytes] = {}
+        for label, ask in (
+            ("execute", lambda: own.execute(call)),
+            ("compose", lambda: own.compose(SYNTHETIC_FACTS)),
+            ("explain compose", lambda: own.explain_compose(SYNTHETIC_FACTS)),
+        ):
+            with recording() as received:
+                ask()
+            answers[label] = b"".join(received)
+        for client in clients.values():
+            client.close()
+    parse: dict[str, dict[str, float]] = {}
+    for label, data in answers.items():
+        bodies = {name: read_whole(reader, data) for name, reader in READERS}
+        if len(set(bodies.values())) != 1:
+            sys.exit(f"bench: the readers read the {label} answer differently")
+        parse[label] = {
+            name: parse_cpu_us(lambda reader=reader, data=data: read_whole(reader, data))
+            for name, reader in READERS
+        }
+    after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    own_name = READERS[0][0]
+    own_p50 = pct(samples[own_name], 50)
+    lines = [
+        "",
+        "## The answer reader: capgate's own against httptools and h11",
+        "",
+        "Written by `benchmarks/answer_readers.py`, which `make bench` runs after the "
+        f"scripts above; load average {before} before, {after} after.",
+        "",
+        f"`PolicyClient.execute` on a {TOOLS:,}-tool catalogue against the embedded OPA "
+        "(unix socket), each reader inside the same deadline socket and connection pool, "
+        f"{args.runs:,} calls each in interleaved rounds; CPU over a block of "
+        f"{args.runs // 2:,} calls of each.",
+        "",
+        "| reader | p50 ms | p99 ms | p50 against capgate's | Python CPU µs | "
+        "Python CPU against capgate's | OPA CPU µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, _ in READERS:
+        p50 = pct(samples[name], 50)
+        lines.append(
+            f"| {name} | {p50:.3f} | {pct(samples[name], 99):.3f} | "
+            f"{p50 / own_p50:.2f}x | {cpu[name][0]:.0f} | "
+            f"{cpu[name][0] / cpu[own_name][0]:.2f}x | {cpu[name][1]:.0f} |"
+        )
+    lines += [
+        "",
+        "Reading alone: the bytes OPA sent (recorded from the exchange), read from "
+        "memory in the socket's 64 KiB pieces by each reader, CPU µs per answer (median "
+        "of five blocks).",
+        "",
+        "| answer | bytes | "
+        + " | ".join(f"{name} µs" for name, _ in READERS)
+        + " | "
+        + " | ".join(f"{name} against capgate's" for name, _ in READERS[1:])
+        + " |",
+        "|---|---:|" + "---:|" * (2 * len(READERS) - 1),
+    ]
+    for label, data in answers.items():
+        row = parse[label]
+        mine = row[own_name]
+        lines.append(
+            f"| {label} | {len(data):,} | "
+            + " | ".join(f"{row[name]:.1f}" for name, _ in READERS)
+            + " | "
+            + " | ".join(f"{row[name] / mine:.2f}x" for name, _ in READERS[1:])
+            + " |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.append is not None:
+        with args.append.open("a", encoding="utf-8") as file:
+            file.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
