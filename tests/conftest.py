@@ -16,7 +16,6 @@ they ran.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +27,6 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
-
-# EXPERIMENT (issue 18): CAPGATE_ANSWER_READER=llhttp reads every answer with httptools.
-if os.environ.get("CAPGATE_ANSWER_READER") == "llhttp":
-    from capgate.gateway.policy.framing_llhttp import LlhttpAnswerReader
-    from capgate.gateway.policy.wire import DeadlineTransport
-
-    DeadlineTransport.reader = LlhttpAnswerReader
 
 TRANSPORTS = ("process", "container")
 #: Modules whose tests run against both transports.

@@ -14,7 +14,8 @@ wrapping the socket in a new file for every answer. :meth:`DeadlineTransport.exc
 is an exchange without httpx's request and response objects, the body read whole
 under a size cap and gzip-inflated under the same cap: the policy client's path for
 decisions. :meth:`DeadlineTransport.handle_request` reads through the same reader,
-so each framing rule (:mod:`capgate.gateway.policy.framing`) is written once.
+so each framing rule (:mod:`capgate.gateway.policy.framing`, which also says why
+that reader is not httptools) is written once.
 
 What is kept from the httpcore transport this replaced, and tested by the fault
 suites (``tests/integration/test_fake_opa.py``, ``test_opa_faults.py``):
@@ -43,7 +44,6 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -249,9 +249,6 @@ class DeadlineTransport(httpx.BaseTransport):
     :data:`DEADLINE`.
     """
 
-    #: What reads each answer (an experiment: framing's own or llhttp's).
-    reader: Any = AnswerReader
-
     def __init__(
         self,
         *,
@@ -361,7 +358,7 @@ class DeadlineTransport(httpx.BaseTransport):
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
         timeouts: Mapping[str, float | None],
-    ) -> tuple[_Connection, Any]:
+    ) -> tuple[_Connection, AnswerReader]:
         """Send one request and read the answer's head; the body is the caller's to read."""
         if self._closed:
             raise httpx.ConnectError("the policy client's transport is closed")
@@ -375,7 +372,7 @@ class DeadlineTransport(httpx.BaseTransport):
             sock.read_timeout = timeouts.get("read")
             sock.write_timeout = timeouts.get("write")
             sock.sendall(sent)
-            reader = self.reader(connection, method)
+            reader = AnswerReader(connection, method)
         except OSError as exc:  # the socket maps its own; this is a last resort
             connection.close()
             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
