@@ -232,12 +232,17 @@ def main() -> int:
         f"({full / bare:.1f}x). Each `opa eval` batch is bounded by `eval_seconds`, far "
         "above what it takes.",
     ]
+    publish(lines, args.append)
+    return 0
+
+
+def publish(lines: list[str], append: Path | None) -> None:
+    """Print a section, and add it to the Markdown file ``append`` when given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.append is not None:
-        with args.append.open("a", encoding="utf-8") as file:
+    if append is not None:
+        with append.open("a", encoding="utf-8") as file:
             file.write(text)
-    return 0
 
 
 if __name__ == "__main__":

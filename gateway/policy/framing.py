@@ -37,8 +37,9 @@ Why a parser of capgate's own, and not httptools (llhttp) or h11 under these rul
 (issue 18; ``benchmarks/answer_readers.py`` measures it on every ``make bench``):
 an answer reader on httptools with the rules above kept as checks around it passed
 the same oracle properties and fault suites, but it read the decisions' answers
-more slowly (1.28x this parser's CPU for an execute answer, 1.42x for compose;
-h11 alone, with none of these checks, 8.6x and 12.6x), and it did not do the job:
+more slowly (about 1.5x this parser's CPU for an execute answer, 1.4x for compose,
+where httptools with none of these checks costs about what this parser does, and
+h11 with none of them about 8x), and it did not do the job:
 llhttp cannot be told the request's method (HEAD), nor that the stream has ended
 (a body framed by the close), and does not say where an answer ends, so capgate
 still had to find each head's end, feed a Content-Length body exactly, and check
