@@ -228,7 +228,7 @@ READERS: Final[tuple[tuple[str, Any], ...]] = (
 
 @contextmanager
 def recording() -> Iterator[list[bytes]]:
-    """Every byte the transport receives, one entry per exchange made meanwhile."""
+    """Every byte the transport receives meanwhile, one entry per receive."""
     received: list[bytes] = []
     original = wire._Connection.receive
 

@@ -1,10 +1,10 @@
 """HTTP/1.1 framing for the policy client: the request as written, the answer as read.
 
 :class:`AnswerReader` reads one answer from a :class:`Source` (a connection's
-received bytes and a way to wait for more), and :func:`request` writes one request
-as one buffer. The transport (:mod:`capgate.gateway.policy.wire`) owns the socket,
-the deadline and the pool; this module owns where an answer's head and body begin
-and end, which is a security property: two readers that place an answer's end
+received bytes and a way to wait for more), and :func:`encode_request` writes one
+request as one buffer. The transport (:mod:`capgate.gateway.policy.wire`) owns the
+socket, the deadline and the pool; this module owns where an answer's head and body
+begin and end, which is a security property: two readers that place an answer's end
 differently can be made to take the tail of one answer for the next (response
 splitting).
 
@@ -39,14 +39,14 @@ an answer reader on httptools with the rules above kept as checks around it pass
 the same oracle properties and fault suites, but it read the decisions' answers
 more slowly (about 1.5x this parser's CPU for an execute answer, 1.4x for compose,
 where httptools with none of these checks costs about what this parser does, and
-h11 with none of them about 8x), and it did not do the job:
-llhttp cannot be told the request's method (HEAD), nor that the stream has ended
-(a body framed by the close), and does not say where an answer ends, so capgate
-still had to find each head's end, feed a Content-Length body exactly, and check
-that a chunked answer ends the stream (llhttp skips empty lines after a message);
-it also lets a NUL through in the reason phrase. The wrapper came out about as
-long as this parser, with a subtler end-of-stream rule, so this parser stays, with
-the benchmark to say when that changes.
+h11 with none of them about 8x), and it did not do the job: llhttp cannot be told
+the request's method (HEAD), nor that the stream has ended (a body framed by the
+close), and does not say where an answer ends, so capgate still had to find each
+head's end, feed a Content-Length body exactly, and check that a chunked answer
+ends the stream (llhttp skips empty lines after a message); it also lets a NUL
+through in the reason phrase. The wrapper came out about as long as this parser,
+with a subtler end-of-stream rule, so this parser stays, with the benchmark to say
+when that changes.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Final, Protocol
 
 import httpx
 
-__all__ = ["CHUNK", "MAX_FIELDS", "MAX_HEAD", "AnswerReader", "Source", "request"]
+__all__ = ["CHUNK", "MAX_FIELDS", "MAX_HEAD", "AnswerReader", "Source", "encode_request"]
 
 #: The most bytes received from the socket at once.
 CHUNK: Final = 64 * 1024
@@ -314,7 +314,7 @@ class AnswerReader:
 # -- a request ------------------------------------------------------------------
 
 
-def request(
+def encode_request(
     method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes | None
 ) -> bytes:
     """The request as sent: one buffer, so one write (OPA wakes once per question).

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from capgate.gateway.policy.framing import CHUNK, AnswerReader, request
+from capgate.gateway.policy.framing import CHUNK, AnswerReader, encode_request
 
 __all__ = ["DEADLINE", "Answer", "AnswerTooLarge", "DeadlineTransport"]
 
@@ -362,7 +362,7 @@ class DeadlineTransport(httpx.BaseTransport):
         """Send one request and read the answer's head; the body is the caller's to read."""
         if self._closed:
             raise httpx.ConnectError("the policy client's transport is closed")
-        sent = request(method, target, headers, body)
+        sent = encode_request(method, target, headers, body)
         connection = self._take(host, port, timeouts.get("connect") or 5.0)
         try:
             if connection.sock is None:
