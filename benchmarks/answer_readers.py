@@ -412,8 +412,9 @@ def main() -> int:
         f"while httptools alone costs at least {KEEP_WHILE:.1f}x of it on those answers: "
         + ("it does." if holds else "**it no longer does; the choice is to be measured again.**"),
         "",
-        "When the choice was made (issue 18; the variant is commit d23f0e4, measured "
-        "this way in three runs at load 11 to 13), httptools with capgate's checks "
+        "When the choice was made (issue 18; the variant is in the history: `git log "
+        "-- gateway/policy/framing_llhttp.py`; measured this way in three runs at load "
+        "11 to 13), httptools with capgate's checks "
         "around it cost 1.44x to 1.53x capgate's reading CPU on the execute answer and "
         "1.39x to 1.44x on compose, where httptools alone cost 0.93x to 1.08x: the "
         "checks around llhttp cost about 0.45x of capgate's whole parser. Only the "
