@@ -78,7 +78,8 @@ from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, PolicyClient
+from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 from capgate.gateway.tools.registry import ToolRegistry
 
 SIZES = (10, 100, 1_000, 10_000)

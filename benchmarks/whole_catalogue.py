@@ -10,7 +10,7 @@ from this one run on a shared machine; the ratios compare measures taken in turn
    catalogues of ``compose_scaling.py``, with the client as ``PolicySidecar`` builds
    it: its p50 against compose's, asked in turn, and its slowest call (answer parsed
    and validated too) against the question's read timeout,
-   :func:`capgate.gateway.policy.client.whole_catalogue_timeout`. With ``--baseline-policies
+   :func:`capgate.gateway.policy.timeouts.whole_catalogue_timeout`. With ``--baseline-policies
    DIR`` the same explanation is also asked of those policies, in turn.
 2. ``capgate diff`` of the 1,000-tool catalogue the tests use
    (``tests/integration/large_catalogue.py``, one grant changed): the full matrix
@@ -47,7 +47,8 @@ from benchmarks.compose_scaling import SYNTHETIC_FACTS, synthetic_catalogue
 from capgate.cli.main import main as capgate
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.policy.client import EXPLAIN_COMPOSE_PATH, PER_TOOL_TIMEOUT, PolicyClient
+from capgate.gateway.policy.client import EXPLAIN_COMPOSE_PATH, PolicyClient
+from capgate.gateway.policy.timeouts import PER_TOOL_TIMEOUT
 from tests.integration.large_catalogue import write_large_catalogue
 
 SIZES = (1_000, 10_000)
@@ -231,12 +232,17 @@ def main() -> int:
         f"({full / bare:.1f}x). Each `opa eval` batch is bounded by `eval_seconds`, far "
         "above what it takes.",
     ]
+    publish(lines, args.append)
+    return 0
+
+
+def publish(lines: list[str], append: Path | None) -> None:
+    """Print a section, and add it to the Markdown file ``append`` when given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.append is not None:
-        with args.append.open("a", encoding="utf-8") as file:
+    if append is not None:
+        with append.open("a", encoding="utf-8") as file:
             file.write(text)
-    return 0
 
 
 if __name__ == "__main__":

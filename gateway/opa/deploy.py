@@ -58,7 +58,7 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.binary import find_opa
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.policies import default_policies_dir
-from capgate.gateway.policy.client import check_token
+from capgate.gateway.policy.address import check_token
 
 __all__ = [
     "BUNDLE_NAME",

@@ -45,7 +45,9 @@ from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.policies import PoliciesLocation, locate_policies
 from capgate.gateway.opa.process import EmbeddedOPA
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
-from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PolicyClient, check_token
+from capgate.gateway.policy.address import check_token
+from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT
 
 __all__ = [
     "OPA_STARTUP_TIMEOUT_ENV",
@@ -102,7 +104,7 @@ def read_token_file(path: Path) -> str:
 
     ValueError (naming the file, never its content) if it cannot be read, is empty,
     too large, or holds anything a bearer token may not
-    (:func:`capgate.gateway.policy.client.check_token`).
+    (:func:`capgate.gateway.policy.address.check_token`).
     """
     path = Path(path)
     try:
@@ -188,9 +190,9 @@ class PolicySidecar:
     ``opa_env`` adds variables to the embedded OPA's minimal environment (see
     :mod:`capgate.gateway.opa.process`); policies can read them, so pass no secrets.
 
-    ``timeout`` (default :data:`~capgate.gateway.policy.client.DEFAULT_TIMEOUT`) is the client's
+    ``timeout`` (default :data:`~capgate.gateway.policy.timeouts.DEFAULT_TIMEOUT`) is the client's
     read and write timeout; a question about the whole catalogue adds an allowance
-    for each of its tools (:func:`~capgate.gateway.policy.client.whole_catalogue_timeout`).
+    for each of its tools (:func:`~capgate.gateway.policy.timeouts.whole_catalogue_timeout`).
 
     For an external OPA: ``token`` or ``token_file`` (else the environment, see the
     module docstring) is the bearer token it requires, and ``startup_timeout``

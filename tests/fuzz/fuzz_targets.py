@@ -12,9 +12,9 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 ``answer``
     What OPA (or whatever answers at its address) sends back: a status, an HTTP
     version, content type and encoding, and body bytes, through
-    ``capgate.gateway.policy.client._parse_answer`` and on to a decision: the pinned revision
-    check, ``_validate`` into ``ComposeDecision`` or ``ExecuteDecision`` and the
-    catalogue digest check (``PolicyClient._check_catalogue``). Each must return or
+    ``capgate.gateway.policy.answer.parse_answer`` and on to a decision: the pinned
+    revision check, ``validate`` into ``ComposeDecision`` or ``ExecuteDecision`` and the
+    catalogue digest check (``check_catalogue``). Each must return or
     raise ``PolicyUnavailable`` with a message of at most :data:`MESSAGE_CAP`
     characters; what is accepted must be an HTTP/1.1 200 ``application/json``
     answer that is strict JSON (every reading of it the same: no repeated key, no
@@ -42,9 +42,9 @@ each briefly in ``make test``; ``make fuzz`` runs them for minutes.
 The inputs are *structured*: the first bytes choose what to build (a well-formed
 answer with one part swapped, a duplicated or escaped key, a NaN, deep nesting, cut
 or garbled bytes, or plain raw bytes), so a short run reaches the deep checks
-without a seed corpus. The targets use private names of ``capgate.gateway.policy.client``
-(``_Head``, ``_parse_answer``, ``_validate``, ``_check_revision``,
-``_check_catalogue``): they are the parser, and they are what to adapt if it moves.
+without a seed corpus. The ``answer`` target drives the pure steps of
+``capgate.gateway.policy.answer`` (``Head``, ``parse_answer``, ``check_revision``,
+``validate``, ``check_catalogue``) as the policy client chains them.
 """
 
 from __future__ import annotations
@@ -61,19 +61,18 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, not an install
 
-with atheris.instrument_imports(include=["gateway"]):
+with atheris.instrument_imports(include=["capgate.gateway"]):
     from capgate.gateway.digest import canonical_json, plain_json, plain_params
     from capgate.gateway.errors import InvalidInput, PolicyUnavailable
     from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision
-    from capgate.gateway.policy.client import (
-        CATALOGUE_DIGEST_PATH,
-        COMPOSE_PATH,
-        EXECUTE_PATH,
-        PolicyClient,
-        _Head,
-        _parse_answer,
-        _validate,
+    from capgate.gateway.policy.answer import (
+        Head,
+        check_catalogue,
+        check_revision,
+        parse_answer,
+        validate,
     )
+    from capgate.gateway.policy.client import CATALOGUE_DIGEST_PATH, COMPOSE_PATH, EXECUTE_PATH
     from capgate.gateway.service.credentials import VARIABLE_PREFIX, EnvironmentCredentials
 
 #: The longest message a capgate error may carry (docs/security.md).
@@ -83,12 +82,8 @@ EXPECTED_DIGEST: Final = "sha256:" + "7a" * 32
 OTHER_DIGEST: Final = "sha256:" + "0b" * 32
 EXPECTED_REVISION: Final = "rev-capgate-1"
 
-# Never connected: only the checks that need the expectations are used.
-_NOWHERE: Final = "unix:///nonexistent/capgate-fuzz/opa.sock"
-CLIENTS: Final = (
-    PolicyClient(_NOWHERE, expected_catalogue=EXPECTED_DIGEST),
-    PolicyClient(_NOWHERE, expected_catalogue=EXPECTED_DIGEST, expected_revision=EXPECTED_REVISION),
-)
+#: The revision a client pins: none, or one.
+PINNED: Final = (None, EXPECTED_REVISION)
 
 
 # == building values from the fuzzer's bytes ============================================
@@ -293,8 +288,8 @@ def _refuse_constant(name: str) -> Any:
 def target_answer(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     path = pick(fdp, (COMPOSE_PATH, EXECUTE_PATH, CATALOGUE_DIGEST_PATH))
-    client = pick(fdp, CLIENTS)
-    head = _Head(
+    pinned = pick(fdp, PINNED)
+    head = Head(
         status=pick(fdp, STATUSES),
         http_version=pick(fdp, VERSIONS),
         content_type=pick(fdp, CONTENT_TYPES),
@@ -305,13 +300,13 @@ def target_answer(data: bytes) -> None:
     else:
         body = garble(fdp, json.dumps(envelope(fdp, path), separators=(",", ":")))
     try:
-        answer = _parse_answer(path, head, body)
-        client._check_revision(path, answer)
+        answer = parse_answer(path, head, body)
+        check_revision(path, answer, pinned)
         made: ComposeDecision | ExecuteDecision | None = None
         if path == COMPOSE_PATH:
-            made = client._check_catalogue(path, _validate(path, ComposeDecision, answer))
+            made = check_catalogue(path, validate(path, ComposeDecision, answer), EXPECTED_DIGEST)
         elif path == EXECUTE_PATH:
-            made = client._check_catalogue(path, _validate(path, ExecuteDecision, answer))
+            made = check_catalogue(path, validate(path, ExecuteDecision, answer), EXPECTED_DIGEST)
     except PolicyUnavailable as exc:
         _short(exc)
         return
@@ -324,9 +319,9 @@ def target_answer(data: bytes) -> None:
     assert strict == json.loads(body, object_pairs_hook=_first_wins), "an ambiguous answer"
     assert isinstance(strict, dict)
     assert "result" in strict
-    if client.expected_revision is not None:
+    if pinned is not None:
         served = {revision for revision in answer.bundle_revisions.values() if revision}
-        assert served == {client.expected_revision}, answer.bundle_revisions
+        assert served == {pinned}, answer.bundle_revisions
     if made is not None:
         assert made.catalogue_digest == EXPECTED_DIGEST, made
         assert made.decision_id == answer.decision_id

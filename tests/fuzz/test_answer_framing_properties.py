@@ -1,6 +1,6 @@
 """The policy client's HTTP/1.1 answer parser frames every answer as h11 does.
 
-``capgate.gateway.policy.wire`` reads OPA's answers with a parser of its own. Where an
+``capgate.gateway.policy.framing`` reads OPA's answers with a parser of its own. Where an
 answer's end is, is a security property: two readers that place it differently can
 be made to take the tail of one answer for the next (response splitting). These
 properties hold the parser to h11, the reader httpx itself uses, as an oracle:

@@ -29,7 +29,11 @@ from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.binary import OPA_BIN_ENV, find_opa_binary
-from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.policy.timeouts import (
+    DEFAULT_TIMEOUT,
+    PER_TOOL_TIMEOUT,
+    whole_catalogue_timeout,
+)
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = pytest.mark.integration

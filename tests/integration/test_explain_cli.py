@@ -19,7 +19,7 @@ from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.policies import POLICIES_ENV, default_policies_dir
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.policy.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT, whole_catalogue_timeout
 from tests.integration.large_catalogue import write_large_catalogue
 from tests.integration.opa_servers import external_opa
 

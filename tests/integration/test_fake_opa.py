@@ -41,15 +41,14 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import Budget, ComposeInput
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.answer import MAX_ANSWER_BYTES
 from capgate.gateway.policy.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_TIMEOUT,
     EXECUTE_PATH,
-    MAX_ANSWER_BYTES,
     PolicyClient,
 )
+from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 from capgate.gateway.policy.wire import DeadlineTransport
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.fake_opa import (
@@ -509,8 +508,8 @@ def test_the_direct_path_sends_what_httpx_sends(transport: Transport) -> None:
             fake.address, token="t0ken", transport=_ThroughHttpx(DeadlineTransport(uds=uds))
         )
         with direct, through:
-            assert direct._direct is not None
-            assert through._direct is None
+            assert direct._edge._direct is not None
+            assert through._edge._direct is None
             answers = [
                 client.query("capgate/probe", {"a": [1, "b"]}) for client in (direct, through)
             ]

@@ -39,7 +39,8 @@ from capgate.gateway.model.facts import Approval, Budget, ComposeInput, Proposal
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
+from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.integration.opa_servers import Server, external_opa, free_port, wait_healthy
 

@@ -30,7 +30,8 @@ from capgate.gateway.opa.binary import find_opa
 from capgate.gateway.opa.deploy import token_sha256
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.process import EmbeddedOPA
-from capgate.gateway.policy.client import DEFAULT_CONNECT_TIMEOUT, PolicyClient
+from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from capgate.gateway.opa.sidecar import (
     startup_timeout_from_env,
     token_file_problem,
 )
-from capgate.gateway.policy.client import MAX_TOKEN_CHARS, PolicyClient, check_token
+from capgate.gateway.policy.address import MAX_TOKEN_CHARS, check_token
+from capgate.gateway.policy.client import PolicyClient
 
 TOKEN = "Y7lpOFKHXKmsYCn8PJ6qY4FayT7WhUu-8Gv0-Pnnz6o"
 

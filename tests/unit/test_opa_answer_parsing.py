@@ -1,4 +1,4 @@
-"""The policy client's own HTTP/1.1 answer parser (gateway.opa.transport), byte by byte.
+"""The policy client's own HTTP/1.1 answer parser (gateway.policy.framing), byte by byte.
 
 Each test scripts the exact bytes a server sends, over a unix socket in a fresh
 folder, and reads them through :meth:`DeadlineTransport.exchange` (the decisions'

@@ -26,13 +26,15 @@ from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from capgate.gateway.policy.client import (
     CATALOGUE_DIGEST_PATH,
     COMPOSE_PATH,
-    DEFAULT_TIMEOUT,
     EXECUTE_PATH,
     EXPLAIN_COMPOSE_PATH,
     EXPLAIN_EXECUTE_PATH,
-    PER_TOOL_TIMEOUT,
     REVIEW_PATH,
     PolicyClient,
+)
+from capgate.gateway.policy.timeouts import (
+    DEFAULT_TIMEOUT,
+    PER_TOOL_TIMEOUT,
     whole_catalogue_timeout,
 )
 
@@ -406,7 +408,7 @@ def test_each_repeated_key_body_is_an_allow_to_a_last_key_wins_reader(
     body: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the test above guards against: with plain json.loads, each is obeyed."""
-    monkeypatch.setattr("capgate.gateway.policy.client._loads", json.loads)
+    monkeypatch.setattr("capgate.gateway.policy.answer._loads", json.loads)
     with client_for(raw(body), expected_catalogue=CATALOGUE) as client:
         assert client.execute(execute_facts()).allow is True
 

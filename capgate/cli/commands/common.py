@@ -45,7 +45,7 @@ from capgate.gateway.errors import (
     quote,
 )
 from capgate.gateway.model.facts import Identifier
-from capgate.gateway.policy.client import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
+from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
 from capgate.gateway.state import open_store, parse_store_url
 from capgate.gateway.state.records import MAX_AMOUNT
 from capgate.gateway.state.store import Store
@@ -197,9 +197,9 @@ def seconds(text: str) -> float:
 def add_timeout(parser: argparse.ArgumentParser) -> None:
     """``--timeout SECONDS``: how long OPA may take to answer (the client's timeout).
 
-    The default is :data:`~capgate.gateway.policy.client.DEFAULT_TIMEOUT`; a question about
+    The default is :data:`~capgate.gateway.policy.timeouts.DEFAULT_TIMEOUT`; a question about
     every tool of the catalogue adds its allowance a tool to whichever is used
-    (:func:`~capgate.gateway.policy.client.whole_catalogue_timeout`).
+    (:func:`~capgate.gateway.policy.timeouts.whole_catalogue_timeout`).
     """
     parser.add_argument(
         "--timeout",

@@ -86,7 +86,7 @@ from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import write_bundle
-from capgate.gateway.policy.client import DEFAULT_TIMEOUT, whole_catalogue_timeout
+from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT, whole_catalogue_timeout
 
 __all__ = [
     "CALL_VARIANTS",
@@ -419,7 +419,7 @@ def eval_seconds(side: Side, *, composes: int = 0, calls: int = 0) -> float:
 
     Each compose scenario asks about every tool of the catalogue (the visible set and
     every hidden tool's codes), so it is allowed what the policy client allows such a
-    question, :func:`~capgate.gateway.policy.client.whole_catalogue_timeout`; each call is a
+    question, :func:`~capgate.gateway.policy.timeouts.whole_catalogue_timeout`; each call is a
     question about one tool, allowed the plain timeout. Starting ``opa eval`` (reading
     and compiling the bundle, which grows with the catalogue) counts as one more
     whole-catalogue question, and the sum is doubled, as an exchange with OPA may

@@ -10,7 +10,7 @@ embedded one, or ``--opa`` / ``$CAPGATE_OPA_URL``, as for ``eval``.
 
 Explaining compose is a question about every tool of the catalogue: OPA's work and
 answer grow with it, and so does how long it may take (``--timeout`` plus an
-allowance a tool, :func:`capgate.gateway.policy.client.whole_catalogue_timeout`).
+allowance a tool, :func:`capgate.gateway.policy.timeouts.whole_catalogue_timeout`).
 
 Nothing here decides. The answer is the policy's explain entrypoint
 (``data.capgate.explain.compose`` or ``.execute``, through
