@@ -29,7 +29,7 @@ from pydantic import (
 
 from capgate.gateway.errors import quote
 from capgate.gateway.model.facts import Identifier
-from capgate.gateway.schema.validator import check_schema
+from capgate.gateway.schema.load_check import check_schema
 
 __all__ = [
     "DEFAULT_COST_UNITS",
@@ -136,7 +136,7 @@ def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     so a broken schema cannot let parameters through unchecked later. Beyond the
     2020-12 meta-schema this refuses unknown keywords, unchecked formats, patterns
     that are not ECMA-262 and references that leave the schema
-    (:func:`capgate.gateway.schema.validator.check_schema`). The contract keeps the plain copy
+    (:func:`capgate.gateway.schema.load_check.check_schema`). The contract keeps the plain copy
     that was checked.
     """
     return check_schema(schema)

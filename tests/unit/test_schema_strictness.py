@@ -25,7 +25,7 @@ from capgate.gateway.errors import CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.model.outcomes import OutcomeStatus
-from capgate.gateway.schema.validator import MAX_SCHEMA_DEPTH
+from capgate.gateway.schema.dialect import MAX_SCHEMA_DEPTH
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.unit.scripted_decider import ScriptedDecider
 
