@@ -52,7 +52,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from capgate.cli import serve
-from capgate.cli.commands import deploy, diff, explain, ledger, mcp, policy_test, proposals, state
+from capgate.cli.commands import (
+    budget,
+    connections,
+    deploy,
+    diff,
+    explain,
+    ledger,
+    mcp,
+    policy_test,
+    proposals,
+    tenants,
+)
 from capgate.cli.commands.common import (
     EXIT_DEMO_FAILED,
     EXIT_DENIED,
@@ -264,7 +275,9 @@ def _parser() -> argparse.ArgumentParser:
     add_timeout(ev)
     ev.set_defaults(run=_eval)
 
-    state.register(sub)
+    tenants.register(sub)
+    connections.register(sub)
+    budget.register(sub)
     proposals.register(sub)
     ledger.register(sub)
     mcp.register(sub)

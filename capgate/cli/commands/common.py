@@ -42,13 +42,14 @@ from capgate.gateway.errors import (
     StoreError,
     StoreNotFound,
     StoreURLError,
+    UnknownTenant,
     quote,
 )
 from capgate.gateway.model.facts import Identifier
 from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
 from capgate.gateway.state import open_store, parse_store_url
-from capgate.gateway.state.records import MAX_AMOUNT
-from capgate.gateway.state.store import Store
+from capgate.gateway.state.records import MAX_AMOUNT, TenantRecord
+from capgate.gateway.state.store import Store, Tx
 from capgate.gateway.state.times import to_text
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "print_json",
     "read_input",
     "redact_url",
+    "require_tenant",
     "safe",
     "seconds",
     "shown",
@@ -426,3 +428,12 @@ def read_input(model: type[_Input], path: Path) -> _Input:
         return model.model_validate(data)
     except ValidationError as exc:
         raise InvalidInput.from_validation(exc, str(path)) from None
+
+
+def require_tenant(tx: Tx, tenant: str) -> TenantRecord:
+    """The tenant's record, or ``UnknownTenant``: every command naming a tenant asks
+    this first, so a typo is an error that names it, not an empty answer."""
+    record = tx.get_tenant(tenant)
+    if record is None:
+        raise UnknownTenant(tenant)
+    return record

@@ -26,11 +26,11 @@ from capgate.cli.commands.common import (
     identifier,
     opened_store,
     print_json,
+    require_tenant,
     safe,
     shown,
     when,
 )
-from capgate.cli.commands.state import require_tenant
 from capgate.gateway.errors import OperationNotInLedger, UnknownProposal, quote
 from capgate.gateway.state.records import LedgerRow
 

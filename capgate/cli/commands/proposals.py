@@ -38,13 +38,13 @@ from capgate.cli.commands.common import (
     identifier,
     opened_store,
     print_json,
+    require_tenant,
     safe,
     shown,
     table,
     ttl,
     when,
 )
-from capgate.cli.commands.state import require_tenant
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
 from capgate.gateway.errors import CapabilityViolation, CapgateError, UnknownProposal
