@@ -9,6 +9,10 @@
   ``capgate.gateway`` (the core). The core never imports a transport, the
   application or ``capgate`` itself (the public surface above it), not even inside a
   function.
+- No import circle between modules, counting what runs when a module loads
+  (``TYPE_CHECKING`` blocks and function bodies aside).
+- The core's rooms import downwards only (``CORE_BELOW``), and tools never reach the
+  fronts.
 - One logger family: every logger is ``capgate.<room>...``.
 """
 
@@ -238,3 +242,64 @@ def test_every_logger_is_in_the_capgate_family():
                 literal_names.append(arg.value)
     assert literal_names
     assert all(str(n).startswith("capgate.") for n in literal_names), literal_names
+
+
+def _load_time_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ours that ``name`` imports when it loads: module-level
+    imports, outside ``if TYPE_CHECKING:`` blocks (never run) and function bodies
+    (run later, on a call). ``from a import b`` is module ``a.b`` when that is one."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                test = node.test
+                guarded = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+                )
+                if not guarded:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    child = f"{node.module}.{alias.name}"
+                    found.add(child if child in known else node.module)
+
+    visit(tree.body)
+    return {module for module in found if module in known and module != name}
+
+
+def test_no_import_circle_between_modules() -> None:
+    # A circle that happens to import today breaks on the next reordering, and it
+    # means two modules are one job cut in the wrong place.
+    known = {name for name, _ in MODULES}
+    edges = {name: _load_time_imports(name, path, known) for name, path in MODULES}
+    # A package's __init__ importing its own submodules is how a package offers its
+    # names; the submodule importing a sibling through the package is not a circle.
+    for name in edges:
+        edges[name] = {m for m in edges[name] if not name.startswith(m + ".")}
+    state: dict[str, int] = {}
+    circles: list[str] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for other in sorted(edges[module]):
+            if state.get(other) == 1:
+                circles.append(" -> ".join([*path[path.index(other) :], other]))
+            elif other not in state:
+                visit(other, [*path, other])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
