@@ -56,7 +56,6 @@ from capgate.cli.commands import (
     budget,
     connections,
     deploy,
-    diff,
     explain,
     ledger,
     mcp,
@@ -74,6 +73,7 @@ from capgate.cli.commands.common import (
     exit_codes,
     read_input,
 )
+from capgate.cli.commands.diff import command as diff_command
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.enforce.verify import verify_compose, verify_execute
@@ -281,7 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     proposals.register(sub)
     ledger.register(sub)
     mcp.register(sub)
-    diff.register(sub)
+    diff_command.register(sub)
     explain.register(sub)
     policy_test.register(sub)
     serve.register(sub)

@@ -1,0 +1,1 @@
+"""``capgate diff``: which decisions a policy or catalogue change flips (``command``)."""
