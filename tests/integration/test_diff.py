@@ -24,7 +24,9 @@ import pytest
 import yaml
 
 from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK
-from capgate.cli.commands.diff.command import EXIT_WIDENED, Side, eval_seconds
+from capgate.cli.commands.diff.command import EXIT_WIDENED
+from capgate.cli.commands.diff.evaluate import eval_seconds
+from capgate.cli.commands.diff.sides import Side
 from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
