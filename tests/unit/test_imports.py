@@ -87,7 +87,7 @@ def test_the_layout_has_the_expected_rooms():
         assert room in names
     for room in ("capgate.gateway.enforce", "capgate.gateway.tools", "capgate.gateway.policy",
                  "capgate.gateway.schema", "capgate.adapters.fronts", "capgate.adapters.tools",
-                 "capgate.cli"):  # fmt: skip
+                 "capgate.cli", "capgate.cli.commands.diff"):  # fmt: skip
         assert room in names
     flat = sorted(p.name for p in (REPO / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(flat) <= 4, f"gateway's top level is filling up again: {flat}"
@@ -170,6 +170,24 @@ def test_the_core_rooms_form_no_circle() -> None:
 
     for room in CORE_BELOW:
         visit(room, ())
+
+
+#: ``capgate diff``'s steps in the order they run, each importing only the ones before it.
+DIFF_STEPS = ("matrix", "queries", "sides", "calls", "evaluate", "compare", "report", "command")
+
+
+def test_the_diff_steps_import_earlier_steps_only() -> None:
+    package = "capgate.cli.commands.diff"
+    steps = {f"{package}.{step}": at for at, step in enumerate(DIFF_STEPS)}
+    assert {name for name, _ in MODULES if name.startswith(f"{package}.")} == set(steps)
+    wrong = sorted(
+        f"{name}: imports {module}"
+        for name, path in MODULES
+        if name in steps
+        for _, module, _ in _imported_areas(path)
+        if module.startswith(package) and steps.get(module, len(steps)) >= steps[name]
+    )
+    assert wrong == []
 
 
 def test_tools_never_reach_the_fronts() -> None:
