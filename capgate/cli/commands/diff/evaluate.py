@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -107,33 +107,48 @@ def _opa_eval(
     return result[0]["expressions"][0]["value"]
 
 
+def _batches(
+    side: Side, opa: Path, query: str, inputs: list[dict[str, Any]], what: str, undefined: str
+) -> Iterator[tuple[int, list[Any]]]:
+    """Each batch of ``inputs`` (``what``: scenarios or calls) put to one ``opa eval`` of
+    ``query``: where it starts, and one answer an input. A progress line follows each
+    batch the caller has taken in; an answer missing for some input is ``undefined``."""
+    size = _BATCH if what == "scenarios" else _CALL_BATCH
+    for start in range(0, len(inputs), size):
+        batch = inputs[start : start + size]
+        if what == "scenarios":
+            seconds = eval_seconds(side, composes=len(batch))
+        else:
+            seconds = eval_seconds(side, calls=len(batch))
+        values = _opa_eval(opa, side.bundle, query, batch, side.label, seconds)
+        if not isinstance(values, list) or len(values) != len(batch):
+            raise PolicyUnavailable(f"{side.name} ({side.label}): {undefined}")
+        yield start, values
+        print(
+            f"capgate diff: {side.name}: {min(start + size, len(inputs))}/{len(inputs)} "
+            f"{what} evaluated",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def evaluate(side: Side, opa: Path, matrix: Matrix, scenarios: list[Scenario]) -> None:
     """Ask ``side`` every scenario, a batch an ``opa eval``, into ``side.results``."""
     inputs = [matrix.compose_input(scenario) for scenario in scenarios]
     query = VISIBLE_QUERY
     if side.reasons:
         side.reasons_source, query = _reasons_query(side, opa, inputs[:1])
-    for start in range(0, len(inputs), _BATCH):
-        batch = inputs[start : start + _BATCH]
-        seconds = eval_seconds(side, composes=len(batch))
-        values = _opa_eval(opa, side.bundle, query, batch, side.label, seconds)
-        if not isinstance(values, list) or len(values) != len(batch):
-            raise PolicyUnavailable(
-                f"{side.name} ({side.label}): the compose decision was undefined for some "
-                "scenarios; does this revision define data.capgate.compose.decision?"
-            )
+    undefined = (
+        "the compose decision was undefined for some scenarios; does this revision define "
+        "data.capgate.compose.decision?"
+    )
+    for start, values in _batches(side, opa, query, inputs, "scenarios", undefined):
         for scenario, value in zip(scenarios[start : start + _BATCH], values, strict=True):
             visible = frozenset(value["visible"])
             hidden = {name: frozenset(codes) for name, codes in value["hidden"].items()}
             if query == CODES_QUERY:
                 _check_hidden(side, scenario, visible, hidden)
             side.results.append((visible, hidden))
-        done = min(start + _BATCH, len(inputs))
-        print(
-            f"capgate diff: {side.name}: {done}/{len(inputs)} scenarios evaluated",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def _reasons_query(side: Side, opa: Path, probe: list[dict[str, Any]]) -> tuple[str, str]:
@@ -171,18 +186,6 @@ def evaluate_calls(
         call_input(matrix, scenarios[a.scenario], side.catalogue.tools[a.tool], a.variant, now)
         for a in asks
     ]
-    for start in range(0, len(inputs), _CALL_BATCH):
-        batch = inputs[start : start + _CALL_BATCH]
-        seconds = eval_seconds(side, calls=len(batch))
-        values = _opa_eval(opa, side.bundle, CALL_QUERY, batch, side.label, seconds)
-        if not isinstance(values, list) or len(values) != len(batch):
-            raise PolicyUnavailable(
-                f"{side.name} ({side.label}): the execute decision was undefined for some calls"
-            )
+    undefined = "the execute decision was undefined for some calls"
+    for _, values in _batches(side, opa, CALL_QUERY, inputs, "calls", undefined):
         side.calls.extend((bool(v["allow"]), frozenset(v["codes"])) for v in values)
-        print(
-            f"capgate diff: {side.name}: {min(start + _CALL_BATCH, len(inputs))}/{len(inputs)} "
-            "calls evaluated",
-            file=sys.stderr,
-            flush=True,
-        )
