@@ -3,6 +3,7 @@
 - ``config``: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
 - ``definitions``: what of a tool is pinned, its digest, diffs for people;
 - ``pins``: recording listings, accepting and rejecting definitions;
+- ``schemas``: values checked against a definition's accepted input and output schemas;
 - ``client``: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
 
 Only :mod:`capgate.adapters.tools.mcp.client` imports the ``mcp`` package, and this package imports

@@ -90,19 +90,17 @@ import anyio.abc
 import anyio.to_thread
 import mcp_types as types
 from anyio.from_thread import BlockingPortal
-from jsonschema import validators as jsonschema_validators
-from jsonschema.exceptions import SchemaError
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
-from referencing import Registry
 
 from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.adapters.tools.mcp.definitions import tool_definition
 from capgate.adapters.tools.mcp.pins import record_listing
+from capgate.adapters.tools.mcp.schemas import schema_problem
 from capgate.gateway.errors import (
     InvalidInput,
     UpstreamConfigError,
@@ -329,7 +327,7 @@ class McpTools:
                 f"server {server!r} could not be reached or listed ({unreached}); nothing was sent",
                 retry_after_seconds=5,
             )
-        problem = _schema_problem(definition.get("inputSchema"), dict(params))
+        problem = schema_problem(definition.get("inputSchema"), dict(params))
         if problem is not None:
             raise ToolRefused(
                 f"the arguments do not fit the accepted input schema of tool {tool!r} "
@@ -558,7 +556,7 @@ class McpTools:
         output_schema = definition.get("outputSchema")
         structured = result.structured_content
         if structured is not None:
-            problem = _schema_problem(output_schema, structured) if output_schema else None
+            problem = schema_problem(output_schema, structured) if output_schema else None
             if problem is not None:
                 self._after_send(contract, f"the result does not fit the accepted output schema "
                                            f"({problem})")  # fmt: skip
@@ -825,30 +823,3 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
     return type(exc).__name__
-
-
-def _schema_problem(schema: object, value: Any) -> str | None:
-    """Where ``value`` breaks an accepted upstream schema: a path and a rule, no values.
-
-    The schema is the server's, accepted by a person: evaluated with the draft it
-    names (2020-12 when none), with no reference resolved outside it, formats read
-    as annotations. A schema that cannot be evaluated is a problem itself.
-    """
-    if not isinstance(schema, dict):
-        return None if schema is None else "the accepted schema is not an object"
-    try:
-        cls = jsonschema_validators.validator_for(
-            schema, default=jsonschema_validators.Draft202012Validator
-        )
-        cls.check_schema(schema)
-        validator = cls(schema, registry=Registry())
-        errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
-    except SchemaError:
-        return "the accepted schema is not a valid JSON Schema"
-    except Exception as exc:  # an unresolvable reference, a recursion too deep
-        return f"the accepted schema cannot be evaluated ({type(exc).__name__})"
-    if not errors:
-        return None
-    first = errors[0]
-    where = "/".join(str(part) for part in first.absolute_path) or "(top level)"
-    return f"at {quote(where)}: fails the schema's {quote(str(first.validator), 40)} rule"
