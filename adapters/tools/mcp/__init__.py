@@ -4,6 +4,7 @@
 - ``definitions``: what of a tool is pinned, its digest, diffs for people;
 - ``pins``: recording listings, accepting and rejecting definitions;
 - ``schemas``: values checked against a definition's accepted input and output schemas;
+- ``outcomes``: what each ending of an upstream call means (refused, retryable, unknown);
 - ``client``: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
 
 Only :mod:`capgate.adapters.tools.mcp.client` imports the ``mcp`` package, and this package imports

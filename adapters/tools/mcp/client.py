@@ -42,20 +42,10 @@ accepted as that catalogue tool; until one is, such a tool is quarantined like a
 other upstream tool. Adapters before it in a registry (the in-process tools) keep
 the tools they hold.
 
-**Outcomes.** Failing to start or reach a server, or finding that it shows another
-definition of the tool (nothing sent), is ``ToolRetryable``. A timeout, a server
-that dies mid-call, an answer that breaks the protocol or the output schema (the
-call may have had its effect) is ``ToolRetryable`` for a ``read`` contract and
-``ToolUnknown`` for any tool that changes the world, idempotent or not: only a
-lookup can say it did not happen, and the budget it reserved stays held until then. A JSON-RPC
-refusal of the call (unknown tool, invalid parameters) and a tool error
-(``isError``) are ``ToolRefused``. Error text quotes no tool output or server
-message beyond a tool error's own text, which stays on the outcome only.
-
-**Output is data.** Structured content is returned as the result (validated
-against the accepted output schema, then by the dispatcher against the contract's);
-without it, the content blocks are returned as ``{"content": [...], "untrusted":
-true}``. Nothing here interprets output, and it never reaches OPA's input.
+**Outcomes.** What each ending of a call means (``success``, ``refused``,
+``retryable``, ``unknown``) is read in :mod:`capgate.adapters.tools.mcp.outcomes`:
+retryable only when nothing was sent or the call is a ``read``. Output is data,
+returned as the result and never reaching OPA's input.
 
 **No lookup.** McpTools does not implement
 :class:`~capgate.gateway.tools.contract.SupportsLookup`: MCP has no standard way to ask a
@@ -83,7 +73,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Final, NoReturn, TextIO
+from typing import Any, Final, TextIO
 
 import anyio
 import anyio.abc
@@ -95,21 +85,28 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.adapters.tools.mcp.definitions import tool_definition
+from capgate.adapters.tools.mcp.outcomes import (
+    Changed,
+    NotSent,
+    call_failed,
+    call_result,
+    connection_closed,
+    not_sent,
+    why,
+)
 from capgate.adapters.tools.mcp.pins import record_listing
 from capgate.adapters.tools.mcp.schemas import schema_problem
 from capgate.gateway.errors import (
     InvalidInput,
     UpstreamConfigError,
     UpstreamUnavailable,
-    cut,
     quote,
 )
-from capgate.gateway.model.contracts import Catalogue, Mode, ToolContract
-from capgate.gateway.model.outcomes import ToolRefused, ToolRetryable, ToolUnknown
+from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.outcomes import ToolRefused
 from capgate.gateway.state.records import PinRecord, PinStatus, definition_digest
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, DefinitionChanged
@@ -128,18 +125,6 @@ MAX_PAGES: Final = 100
 MAX_PINNED_OPERATIONS: Final = 4096
 #: How long close() waits for the servers to stop, per server and in all.
 CLOSE_TIMEOUT: Final = 10.0
-#: The JSON-RPC codes with which a server refuses a call it did not run.
-_REFUSED_CODES: Final = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
-
-
-class _NotSent(Exception):
-    """The call never left: the server could not be started or reached."""
-
-
-class _Changed(Exception):
-    """The call never left: the server's listing shows another definition of the tool
-    than the one the call was to run under (or no longer lists it)."""
-
 
 #: What a connection's digests say of a tool its server does not list.
 _NOT_LISTED: Final = "not listed"
@@ -323,10 +308,7 @@ class McpTools:
             )
         server, tool = pin.server, pin.tool
         if unreached is not None:  # just now, before the intent: not tried a second time
-            raise ToolRetryable(
-                f"server {server!r} could not be reached or listed ({unreached}); nothing was sent",
-                retry_after_seconds=5,
-            )
+            raise not_sent(server, unreached)
         problem = schema_problem(definition.get("inputSchema"), dict(params))
         if problem is not None:
             raise ToolRefused(
@@ -338,39 +320,13 @@ class McpTools:
         try:
             future = self._submit(self._call, server, tool, dict(params), meta, pin.accepted_digest)
             result: types.CallToolResult = future.result(bound)
-        except _NotSent as exc:
-            raise ToolRetryable(
-                f"server {server!r} could not be reached or listed ({exc}); nothing was sent",
-                retry_after_seconds=5,
-            ) from None
-        except _Changed:
-            raise ToolRetryable(
-                f"server {server!r} now shows a definition of tool {tool!r} other than the "
-                "accepted one; nothing was sent, and the tool is quarantined until a person "
-                "reviews the new definition"
-            ) from None
-        except (TimeoutError, concurrent.futures.TimeoutError):
-            future.cancel()
-            self._after_send(contract, f"no answer within {self.call_timeout:g}s")
-        except MCPError as exc:
-            if exc.code in _REFUSED_CODES:
-                raise ToolRefused(
-                    f"server {server!r} refused the call (JSON-RPC error {exc.code})"
-                ) from None
-            if exc.code == types.CONNECTION_CLOSED:
-                self._drop(server)
-                self._after_send(contract, "the server closed the connection during the call")
-            self._after_send(contract, f"the server answered JSON-RPC error {exc.code}")
-        except ValidationError:
-            self._after_send(contract, "the server's answer is not a valid MCP result")
-        except RuntimeError as exc:
-            # The SDK checks structured content against the schema the server lists.
-            if "structured content" in str(exc):
-                self._after_send(contract, "the result does not fit the tool's output schema")
-            self._after_send(contract, f"the call failed ({type(exc).__name__})")
         except Exception as exc:
-            self._after_send(contract, f"the call failed ({type(exc).__name__})")
-        return self._result(contract, definition, result)
+            if isinstance(exc, TimeoutError):
+                future.cancel()
+            elif connection_closed(exc):
+                self._drop(server)
+            call_failed(exc, contract, server, tool, self.call_timeout)
+        return call_result(contract, definition, result)
 
     def quarantined(self, names: Collection[str], pins: Sequence[PinRecord]) -> set[str]:
         """Those of ``names`` whose pin is not accepted as that very catalogue tool (for
@@ -436,9 +392,9 @@ class McpTools:
             bound = self.connect_timeout + self.call_timeout + 1.0
             try:
                 listings[server_id] = self._submit(self._discover, server_id).result(bound)
-            except (_NotSent, TimeoutError, concurrent.futures.TimeoutError, MCPError) as exc:
+            except (NotSent, TimeoutError, concurrent.futures.TimeoutError, MCPError) as exc:
                 raise UpstreamUnavailable(
-                    f"server {server_id!r} could not be listed ({_why(exc)})"
+                    f"server {server_id!r} could not be listed ({why(exc)})"
                 ) from None
         return listings
 
@@ -473,17 +429,17 @@ class McpTools:
     def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
         with self._lock:
             if self._closed:
-                raise _NotSent("the adapter is closed")
+                raise NotSent("the adapter is closed")
             if self._loop is None:
                 try:
                     self._loop = _Loop(f"capgate-mcp-{next(self._ids)}")
                 except RuntimeError as exc:
-                    raise _NotSent(str(exc)) from None
+                    raise NotSent(str(exc)) from None
             loop = self._loop
         try:
             return loop.portal.start_task_soon(fn, *args)
         except RuntimeError as exc:  # the loop stopped
-            raise _NotSent(str(exc)) from None
+            raise NotSent(str(exc)) from None
 
     def _read_pin(self, contract: ToolContract) -> PinRecord | None:
         upstream = contract.upstream
@@ -520,12 +476,12 @@ class McpTools:
         bound = self.connect_timeout + self.call_timeout + 1.0
         try:
             shown: str = self._submit(self._current_digest, server_id, tool).result(bound)
-        except (_NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
-            log.info("server=%s: no listing to compare before the call (%s)", server_id, _why(exc))
-            return None, _why(exc) if isinstance(exc, _NotSent) else "no listing within the bound"
+        except (NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
+            log.info("server=%s: no listing to compare before the call (%s)", server_id, why(exc))
+            return None, why(exc) if isinstance(exc, NotSent) else "no listing within the bound"
         except Exception as exc:
-            log.warning("server=%s: listing not compared (%s)", server_id, _why(exc))
-            return None, _why(exc)
+            log.warning("server=%s: listing not compared (%s)", server_id, why(exc))
+            return None, why(exc)
         return shown, None
 
     def _pin_for(self, name: str, operation_id: str) -> tuple[PinRecord | None, str | None]:
@@ -536,37 +492,6 @@ class McpTools:
         if pinned is not None and pinned[0] == name:
             return pinned[1], pinned[2]
         return self._read_pin(self._targets[name]), None
-
-    def _after_send(self, contract: ToolContract, why: str) -> NoReturn:
-        """The call may have had its effect: retryable only for a read, which has none.
-
-        A tool that changes the world is unknown even when repeating it is harmless:
-        retryable would say nothing happened, and release the budget of an effect
-        that may have taken place."""
-        if contract.mode is Mode.READ:
-            raise ToolRetryable(f"{why}; a read may be repeated", retry_after_seconds=1)
-        raise ToolUnknown(f"{why}; the call may or may not have had its effect")
-
-    def _result(
-        self, contract: ToolContract, definition: Mapping[str, Any], result: types.CallToolResult
-    ) -> dict[str, Any]:
-        if result.is_error:
-            texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
-            raise ToolRefused(cut("\n".join(texts) or "the tool reported an error", 2000))
-        output_schema = definition.get("outputSchema")
-        structured = result.structured_content
-        if structured is not None:
-            problem = schema_problem(output_schema, structured) if output_schema else None
-            if problem is not None:
-                self._after_send(contract, f"the result does not fit the accepted output schema "
-                                           f"({problem})")  # fmt: skip
-            return dict(structured)
-        if output_schema:
-            self._after_send(contract, "the accepted definition has an output schema and the "
-                                       "result no structured content")  # fmt: skip
-        blocks = [block.model_dump(mode="json", by_alias=True, exclude_none=True)
-                  for block in result.content]  # fmt: skip
-        return {"content": blocks, "untrusted": True}
 
     def _drop(self, server_id: str) -> None:
         try:
@@ -588,7 +513,7 @@ class McpTools:
         # Checked in the loop, with no await between the check and the request: what
         # the connection last listed is what this call is sent under.
         if await self._listed(connection, tool) != accepted:
-            raise _Changed
+            raise Changed
         client = connection.client
         assert client is not None
         with anyio.fail_after(self.call_timeout):
@@ -599,13 +524,13 @@ class McpTools:
 
     async def _listed(self, connection: _Connection, tool: str) -> str:
         """The digest of ``tool`` in the connection's listing once it is current
-        (:data:`_NOT_LISTED` if the server does not list it); _NotSent if no current
+        (:data:`_NOT_LISTED` if the server does not list it); NotSent if no current
         listing is read within the call timeout."""
         with anyio.move_on_after(self.call_timeout):
             while not connection.current.is_set():
                 await connection.current.wait()
         if not connection.current.is_set() or not connection.alive:
-            raise _NotSent("the server's changed tool list could not be read again")
+            raise NotSent("the server's changed tool list could not be read again")
         return connection.definitions.get(tool, _NOT_LISTED)
 
     async def _discover(self, server_id: str) -> list[dict[str, Any]]:
@@ -634,7 +559,7 @@ class McpTools:
                 connection.scope.cancel()
                 connection.stop.set()
                 self._connections.pop(server_id, None)
-                raise _NotSent(connection.error or f"no session within {self.connect_timeout:g}s")
+                raise NotSent(connection.error or f"no session within {self.connect_timeout:g}s")
             return connection
 
     async def _serve(self, connection: _Connection) -> None:
@@ -672,7 +597,7 @@ class McpTools:
         except anyio.get_cancelled_exc_class():
             raise  # the loop is stopping
         except Exception as exc:  # a server that failed to start, or died: logged, not raised
-            connection.error = _why(exc)
+            connection.error = why(exc)
             log.warning("server=%s session ended: %s", spec.id, connection.error)
         finally:
             connection.alive = False
@@ -737,7 +662,7 @@ class McpTools:
             except Exception as exc:
                 # Calls wait for a current listing that will not come: end the session,
                 # so they fail as not sent and the next call connects and lists anew.
-                log.warning("server=%s re-list failed: %s", connection.spec.id, _why(exc))
+                log.warning("server=%s re-list failed: %s", connection.spec.id, why(exc))
                 connection.stop.set()
 
     async def _relist(
@@ -810,16 +735,3 @@ def _closed(client: Client) -> bool:
         return True
     dispatcher = getattr(session, "_dispatcher", None)
     return getattr(dispatcher, "_closed", False) is True
-
-
-def _why(exc: BaseException) -> str:
-    """What went wrong, without any text a server chose (it may be anything)."""
-    if isinstance(exc, _NotSent):
-        return str(exc)
-    if isinstance(exc, MCPError):
-        return f"JSON-RPC error {exc.code}"
-    if isinstance(exc, BaseExceptionGroup):
-        return ", ".join(sorted({_why(inner) for inner in exc.exceptions}))
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{type(exc).__name__}: {exc.strerror}"
-    return type(exc).__name__
