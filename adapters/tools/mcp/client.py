@@ -35,12 +35,10 @@ accepted input schema before anything is sent (the dispatcher already checked th
 against the catalogue contract's), structured results against the accepted output
 schema.
 
-**Unplaced tools.** With ``unplaced=True`` (the ``MCP_SERVERS`` gate of
-:func:`capgate.adapters.tools.gate.tool_registry`) the adapter also runs the catalogue tools that
-name no ``upstream``, on the configured server where a tool of the same name was
-accepted as that catalogue tool; until one is, such a tool is quarantined like any
-other upstream tool. Adapters before it in a registry (the in-process tools) keep
-the tools they hold.
+**Placement.** Which catalogue tools run here (with ``unplaced=True``, also those
+that name no ``upstream``, on the server where a tool of their name was accepted as
+them), which are quarantined, and the pin each runs under are read in
+:mod:`capgate.adapters.tools.mcp.placement`, from the catalogue and the store alone.
 
 **Outcomes.** What each ending of a call means (``success``, ``refused``,
 ``retryable``, ``unknown``) is read in :mod:`capgate.adapters.tools.mcp.outcomes`:
@@ -69,7 +67,6 @@ import logging
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -98,6 +95,7 @@ from capgate.adapters.tools.mcp.outcomes import (
     why,
 )
 from capgate.adapters.tools.mcp.pins import record_listing
+from capgate.adapters.tools.mcp.placement import Placement
 from capgate.adapters.tools.mcp.schemas import schema_problem
 from capgate.gateway.errors import (
     InvalidInput,
@@ -105,12 +103,11 @@ from capgate.gateway.errors import (
     UpstreamUnavailable,
     quote,
 )
-from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import ToolRefused
-from capgate.gateway.state.records import PinRecord, PinStatus, definition_digest
+from capgate.gateway.state.records import PinRecord, definition_digest
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, DefinitionChanged
-from capgate.gateway.tools.registry import require_catalogue_names
 from capgate.gateway.version import __version__
 
 __all__ = ["IDEMPOTENCY_META_KEY", "McpTools"]
@@ -121,8 +118,6 @@ log = logging.getLogger("capgate.mcp")
 IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
 #: Pages of tools/list read per listing (the SDK's own cap for a re-list).
 MAX_PAGES: Final = 100
-#: Operations whose definition the gateway pinned and whose run has not started.
-MAX_PINNED_OPERATIONS: Final = 4096
 #: How long close() waits for the servers to stop, per server and in all.
 CLOSE_TIMEOUT: Final = 10.0
 
@@ -262,23 +257,12 @@ class McpTools:
         self.call_timeout = float(call_timeout)
         self.connect_timeout = float(connect_timeout)
         self._errlog = errlog
-        self._targets: dict[str, ToolContract] = {}
-        if catalogue is not None:
-            for contract in catalogue.tools.values():
-                upstream = contract.upstream
-                if (upstream is None and unplaced and self.servers) or (
-                    upstream is not None and upstream.server in self.servers
-                ):
-                    self._targets[contract.name] = contract
-                    self._targets[contract.dispatch_action] = contract
-            require_catalogue_names(self._targets, catalogue.runnable_names())
+        self._placement = Placement(catalogue, self.servers, store, unplaced=unplaced)
+        self._targets = self._placement.targets
         self._lock = threading.Lock()
         self._loop: _Loop | None = None
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, anyio.Lock] = {}
-        #: operation id -> (tool, the pin it runs under, why its server could not be
-        #: reached when the gateway asked, or None)
-        self._pinned: OrderedDict[str, tuple[str, PinRecord, str | None]] = OrderedDict()
         self._closed = False
         self._ids = itertools.count(1)
         _LIVE.add(self)
@@ -299,7 +283,7 @@ class McpTools:
     def run(self, name: str, params: Mapping[str, Any], context: CallContext) -> Mapping[str, Any]:
         """Call the tool on its server under its accepted definition; see the module doc."""
         contract = self._targets[name]
-        pin, unreached = self._pin_for(name, context.operation_id)
+        pin, unreached = self._placement.pin_for(name, context.operation_id)
         definition = pin.accepted_definition if pin is not None else None
         if pin is None or definition is None or pin.catalogue_tool != contract.name:
             raise ToolRefused(
@@ -331,18 +315,7 @@ class McpTools:
     def quarantined(self, names: Collection[str], pins: Sequence[PinRecord]) -> set[str]:
         """Those of ``names`` whose pin is not accepted as that very catalogue tool (for
         an unplaced tool: no configured server has one accepted as it)."""
-        quarantined = set()
-        for name in names:
-            contract = self._targets.get(name)
-            pin = self._placed_pin(contract, pins) if contract is not None else None
-            if (
-                contract is None
-                or pin is None
-                or pin.status is not PinStatus.ACCEPTED
-                or pin.catalogue_tool != contract.name
-            ):
-                quarantined.add(name)
-        return quarantined
+        return self._placement.quarantined(names, pins)
 
     def definition_digest(self, name: str, operation_id: str | None = None) -> str | None:
         """The digest of the accepted definition ``name`` runs under, or None.
@@ -359,7 +332,7 @@ class McpTools:
         contract = self._targets.get(name)
         if contract is None:
             return None
-        pin = self._read_pin(contract)
+        pin = self._placement.read_pin(contract)
         if pin is None or pin.accepted_digest is None:
             return None
         shown, unreached = self._shown(pin.server, pin.tool)
@@ -369,11 +342,7 @@ class McpTools:
                 "the accepted one"
             )
         if operation_id is not None:
-            with self._lock:
-                self._pinned[operation_id] = (name, pin, unreached)
-                self._pinned.move_to_end(operation_id)
-                while len(self._pinned) > MAX_PINNED_OPERATIONS:
-                    self._pinned.popitem(last=False)
+            self._placement.hold(operation_id, name, pin, unreached)
         return pin.accepted_digest if pin is not None else None
 
     # -- discovery ---------------------------------------------------------------------------
@@ -441,32 +410,6 @@ class McpTools:
         except RuntimeError as exc:  # the loop stopped
             raise NotSent(str(exc)) from None
 
-    def _read_pin(self, contract: ToolContract) -> PinRecord | None:
-        upstream = contract.upstream
-        with self.store.transaction(read_only=True) as tx:
-            if upstream is not None:
-                return tx.get_pin(upstream.server, upstream.tool)
-            return self._placed_pin(contract, tx.pins())
-
-    def _placed_pin(self, contract: ToolContract, pins: Sequence[PinRecord]) -> PinRecord | None:
-        """The pin a catalogue tool runs under: its ``upstream``'s, whatever its status;
-        for an unplaced tool, the one pin of a configured server's tool of its name
-        accepted as it (none, or one on each of two servers: no placement)."""
-        upstream = contract.upstream
-        if upstream is not None:
-            return next(
-                (p for p in pins if (p.server, p.tool) == (upstream.server, upstream.tool)), None
-            )
-        placed = [
-            pin
-            for pin in pins
-            if pin.server in self.servers
-            and pin.tool == contract.name
-            and pin.catalogue_tool == contract.name
-            and pin.accepted_digest is not None
-        ]
-        return placed[0] if len(placed) == 1 else None
-
     def _shown(self, server_id: str, tool: str) -> tuple[str | None, str | None]:
         """The digest of ``tool`` in the server's latest listing (connecting first if
         need be; :data:`_NOT_LISTED` if it lists no such tool), or None and why the
@@ -483,15 +426,6 @@ class McpTools:
             log.warning("server=%s: listing not compared (%s)", server_id, why(exc))
             return None, why(exc)
         return shown, None
-
-    def _pin_for(self, name: str, operation_id: str) -> tuple[PinRecord | None, str | None]:
-        """The pin ``name`` runs under for the operation, and why its server was found
-        unreachable when the gateway asked (None: it was not)."""
-        with self._lock:
-            pinned = self._pinned.pop(operation_id, None)
-        if pinned is not None and pinned[0] == name:
-            return pinned[1], pinned[2]
-        return self._read_pin(self._targets[name]), None
 
     def _drop(self, server_id: str) -> None:
         try:
