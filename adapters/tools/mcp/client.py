@@ -8,14 +8,15 @@ server is started and no connection opened for it (servers are started on the fi
 *authorised* call, never when the adapter is built).
 
 **Threading model.** The dispatcher is synchronous, the official ``mcp`` SDK is
-async (anyio). Each McpTools owns one daemon thread running one event loop, reached
-through an anyio blocking portal. Each upstream server has one long-lived task in
-that loop holding its ``mcp.Client`` session open (a persistent stdio process, or a
-streamable-HTTP session), its ``subscriptions/listen`` stream on 2026-07-28
-connections, and a task that re-lists the tools whenever the server says
-``notifications/tools/list_changed``. :meth:`McpTools.run` submits the call to the
-loop and waits for it with a bound (connect timeout + call timeout + a grace
-second), so no call can hang the calling thread, whatever the server does.
+async (anyio): each McpTools owns one :class:`~capgate.adapters.tools.mcp.loop.EventLoop`,
+a daemon thread started by the first call that needs it. Each upstream server has
+one long-lived task in that loop holding its ``mcp.Client`` session open (a
+persistent stdio process, or a streamable-HTTP session), its ``subscriptions/listen``
+stream on 2026-07-28 connections, and a task that re-lists the tools whenever the
+server says ``notifications/tools/list_changed``. :meth:`McpTools.run` submits the
+call to the loop and waits for it with a bound (the connect timeout, a call timeout
+for a current listing and one for the call, and a grace second), so no call can hang
+the calling thread, whatever the server does.
 
 **Pinned definitions.** A tool runs only under a definition a person accepted
 (:mod:`capgate.adapters.tools.mcp.pins`). Every listing is recorded: a changed definition
@@ -62,10 +63,8 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import itertools
 import logging
 import os
-import threading
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -76,7 +75,6 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 import mcp_types as types
-from anyio.from_thread import BlockingPortal
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -85,6 +83,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.adapters.tools.mcp.definitions import tool_definition
+from capgate.adapters.tools.mcp.loop import CLOSE_TIMEOUT, EventLoop
 from capgate.adapters.tools.mcp.outcomes import (
     Changed,
     NotSent,
@@ -118,8 +117,6 @@ log = logging.getLogger("capgate.mcp")
 IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
 #: Pages of tools/list read per listing (the SDK's own cap for a re-list).
 MAX_PAGES: Final = 100
-#: How long close() waits for the servers to stop, per server and in all.
-CLOSE_TIMEOUT: Final = 10.0
 
 #: What a connection's digests say of a tool its server does not list.
 _NOT_LISTED: Final = "not listed"
@@ -154,50 +151,6 @@ class _Connection:
         self.relist.set()
         if self.current.is_set():
             self.current = anyio.Event()
-
-
-class _Loop:
-    """One event loop in one daemon thread, reached through a blocking portal."""
-
-    def __init__(self, name: str) -> None:
-        self._ready = threading.Event()
-        self._portal: BlockingPortal | None = None
-        self.tasks: anyio.abc.TaskGroup | None = None
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30) or self._portal is None:
-            raise RuntimeError(f"the MCP event loop did not start ({self._failure!r})")
-
-    def _main(self) -> None:
-        async def main() -> None:
-            async with BlockingPortal() as portal, anyio.create_task_group() as tasks:
-                self._portal, self.tasks = portal, tasks
-                self._ready.set()
-                await portal.sleep_until_stopped()
-                tasks.cancel_scope.cancel()
-
-        try:
-            anyio.run(main)
-        except BaseException as exc:  # pragma: no cover - reported by __init__ or stop
-            self._failure = exc
-        finally:
-            self._ready.set()
-
-    @property
-    def portal(self) -> BlockingPortal:
-        if self._portal is None or not self._thread.is_alive():
-            raise RuntimeError("the MCP event loop is not running")
-        return self._portal
-
-    def stop(self, timeout: float) -> None:
-        portal = self._portal
-        if portal is not None and self._thread.is_alive():
-            try:
-                portal.start_task_soon(portal.stop, True).result(timeout)
-            except Exception as exc:  # already stopping, or too slow: the thread is a daemon
-                log.debug("stopping the MCP event loop: %s", type(exc).__name__)
-        self._thread.join(timeout)
 
 
 _LIVE: weakref.WeakSet[McpTools] = weakref.WeakSet()
@@ -259,12 +212,9 @@ class McpTools:
         self._errlog = errlog
         self._placement = Placement(catalogue, self.servers, store, unplaced=unplaced)
         self._targets = self._placement.targets
-        self._lock = threading.Lock()
-        self._loop: _Loop | None = None
+        self._loop = EventLoop()
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, anyio.Lock] = {}
-        self._closed = False
-        self._ids = itertools.count(1)
         _LIVE.add(self)
 
     # -- the Adapter protocol --------------------------------------------------------------
@@ -302,7 +252,9 @@ class McpTools:
         meta = {IDEMPOTENCY_META_KEY: context.idempotency_key} if context.idempotency_key else None
         bound = self.connect_timeout + 2 * self.call_timeout + 1.0
         try:
-            future = self._submit(self._call, server, tool, dict(params), meta, pin.accepted_digest)
+            future = self._loop.submit(
+                self._call, server, tool, dict(params), meta, pin.accepted_digest
+            )
             result: types.CallToolResult = future.result(bound)
         except Exception as exc:
             if isinstance(exc, TimeoutError):
@@ -360,7 +312,7 @@ class McpTools:
                 raise UpstreamConfigError(f"no configured server has the id {quote(server_id)}")
             bound = self.connect_timeout + self.call_timeout + 1.0
             try:
-                listings[server_id] = self._submit(self._discover, server_id).result(bound)
+                listings[server_id] = self._loop.submit(self._discover, server_id).result(bound)
             except (NotSent, TimeoutError, concurrent.futures.TimeoutError, MCPError) as exc:
                 raise UpstreamUnavailable(
                     f"server {server_id!r} could not be listed ({why(exc)})"
@@ -371,18 +323,7 @@ class McpTools:
 
     def close(self) -> None:
         """Stop every server session and the event loop (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        try:
-            loop.portal.start_task_soon(self._stop_all).result(CLOSE_TIMEOUT)
-        except Exception as exc:
-            log.debug("stopping MCP sessions: %s", type(exc).__name__)
-        loop.stop(CLOSE_TIMEOUT)
+        self._loop.close(self._stop_all)
 
     def __enter__(self) -> McpTools:
         return self
@@ -395,21 +336,6 @@ class McpTools:
 
     # -- inside the calling thread ---------------------------------------------------------
 
-    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
-        with self._lock:
-            if self._closed:
-                raise NotSent("the adapter is closed")
-            if self._loop is None:
-                try:
-                    self._loop = _Loop(f"capgate-mcp-{next(self._ids)}")
-                except RuntimeError as exc:
-                    raise NotSent(str(exc)) from None
-            loop = self._loop
-        try:
-            return loop.portal.start_task_soon(fn, *args)
-        except RuntimeError as exc:  # the loop stopped
-            raise NotSent(str(exc)) from None
-
     def _shown(self, server_id: str, tool: str) -> tuple[str | None, str | None]:
         """The digest of ``tool`` in the server's latest listing (connecting first if
         need be; :data:`_NOT_LISTED` if it lists no such tool), or None and why the
@@ -418,7 +344,7 @@ class McpTools:
             return None, None
         bound = self.connect_timeout + self.call_timeout + 1.0
         try:
-            shown: str = self._submit(self._current_digest, server_id, tool).result(bound)
+            shown: str = self._loop.submit(self._current_digest, server_id, tool).result(bound)
         except (NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
             log.info("server=%s: no listing to compare before the call (%s)", server_id, why(exc))
             return None, why(exc) if isinstance(exc, NotSent) else "no listing within the bound"
@@ -429,7 +355,7 @@ class McpTools:
 
     def _drop(self, server_id: str) -> None:
         try:
-            self._submit(self._stop_one, server_id).result(CLOSE_TIMEOUT)
+            self._loop.submit(self._stop_one, server_id).result(CLOSE_TIMEOUT)
         except Exception as exc:
             log.debug("dropping server=%s: %s", server_id, type(exc).__name__)
 
@@ -483,10 +409,7 @@ class McpTools:
                 connection.stop.set()  # the server went away between calls: start anew
             connection = _Connection(self.servers[server_id])
             self._connections[server_id] = connection
-            loop = self._loop
-            assert loop is not None
-            assert loop.tasks is not None
-            loop.tasks.start_soon(self._serve, connection)
+            self._loop.tasks.start_soon(self._serve, connection)
             with anyio.move_on_after(self.connect_timeout):
                 await connection.ready.wait()
             if connection.client is None or not connection.alive:
