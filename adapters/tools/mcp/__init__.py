@@ -3,6 +3,7 @@
 - ``config``: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
 - ``definitions``: what of a tool is pinned, its digest, diffs for people;
 - ``pins``: recording listings, accepting and rejecting definitions;
+- ``listing``: a connection's tool listing, read, recorded and current before a call;
 - ``loop``: the event-loop thread a synchronous caller reaches the async SDK through;
 - ``placement``: which catalogue tools run on the servers, and the pin each runs under;
 - ``schemas``: values checked against a definition's accepted input and output schemas;

@@ -19,22 +19,18 @@ for a current listing and one for the call, and a grace second), so no call can 
 the calling thread, whatever the server does.
 
 **Pinned definitions.** A tool runs only under a definition a person accepted
-(:mod:`capgate.adapters.tools.mcp.pins`). Every listing is recorded: a changed definition
-quarantines the tool (the gateway's next facts carry it, OPA denies it as
-``tool_quarantined``); a call already running finishes on the version it started
-with. Nothing is sent on a connection before its listing has been read and checked
-against the accepted pins: each connection keeps the digests of what its server
-listed last, a ``notifications/tools/list_changed`` holds every call on it until the
-new listing is read, and a call whose tool the server now shows in another version
-(a server restarted with a changed schema, say) is not sent. The gateway asks
+(:mod:`capgate.adapters.tools.mcp.pins`), and nothing is sent on a connection before
+its listing has been read, recorded and checked against the accepted pins
+(:mod:`capgate.adapters.tools.mcp.listing`). The gateway asks
 :meth:`McpTools.definition_digest` before it writes the call's intent, which
-connects, lists and compares, so such a call is refused as ``tool_quarantined`` with
-nothing reserved; the same check runs again in the event loop just before the
-request leaves. The digest it returns names, for the ledger, the definition that
-serves the call, and is pinned for the operation. Arguments are checked against the
-accepted input schema before anything is sent (the dispatcher already checked them
-against the catalogue contract's), structured results against the accepted output
-schema.
+connects, lists and compares, so a call whose tool the server now shows in another
+version (a server restarted with a changed schema, say) is refused as
+``tool_quarantined`` with nothing reserved; the same check runs again in the event
+loop just before the request leaves. The digest it returns names, for the ledger,
+the definition that serves the call, and is pinned for the operation. Arguments are
+checked against the accepted input schema before anything is sent (the dispatcher
+already checked them against the catalogue contract's), structured results against
+the accepted output schema (:mod:`capgate.adapters.tools.mcp.schemas`).
 
 **Placement.** Which catalogue tools run here (with ``unplaced=True``, also those
 that name no ``upstream``, on the server where a tool of their name was accepted as
@@ -82,7 +78,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capgate.adapters.tools.mcp.config import ServerSpec
-from capgate.adapters.tools.mcp.definitions import tool_definition
+from capgate.adapters.tools.mcp.listing import Listing
 from capgate.adapters.tools.mcp.loop import CLOSE_TIMEOUT, EventLoop
 from capgate.adapters.tools.mcp.outcomes import (
     Changed,
@@ -93,18 +89,16 @@ from capgate.adapters.tools.mcp.outcomes import (
     not_sent,
     why,
 )
-from capgate.adapters.tools.mcp.pins import record_listing
 from capgate.adapters.tools.mcp.placement import Placement
 from capgate.adapters.tools.mcp.schemas import schema_problem
 from capgate.gateway.errors import (
-    InvalidInput,
     UpstreamConfigError,
     UpstreamUnavailable,
     quote,
 )
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import ToolRefused
-from capgate.gateway.state.records import PinRecord, definition_digest
+from capgate.gateway.state.records import PinRecord
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, DefinitionChanged
 from capgate.gateway.version import __version__
@@ -115,11 +109,6 @@ log = logging.getLogger("capgate.mcp")
 
 #: Where a call's idempotency key travels: the tools/call request's ``_meta``.
 IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
-#: Pages of tools/list read per listing (the SDK's own cap for a re-list).
-MAX_PAGES: Final = 100
-
-#: What a connection's digests say of a tool its server does not list.
-_NOT_LISTED: Final = "not listed"
 
 
 @dataclass(eq=False)
@@ -129,28 +118,11 @@ class _Connection:
     spec: ServerSpec
     ready: anyio.Event = field(default_factory=anyio.Event)
     stop: anyio.Event = field(default_factory=anyio.Event)
-    relist: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     client: Client | None = None
     error: str | None = None
     alive: bool = False
-    #: The digest of each tool's definition in the server's last listing on this
-    #: connection, by upstream tool name.
-    definitions: dict[str, str] = field(default_factory=dict)
-    #: Set while ``definitions`` is the server's latest listing; replaced by an unset
-    #: event when the server says its list changed, until the new one is read. Calls
-    #: on the connection wait for it: nothing is sent under a listing known stale.
-    current: anyio.Event = field(default_factory=anyio.Event)
-    #: How many times the server said its list changed; a listing begun before the
-    #: last of them does not make ``definitions`` current.
-    changes: int = 0
-
-    def stale(self) -> None:
-        """The server's list changed: hold calls until it is read again."""
-        self.changes += 1
-        self.relist.set()
-        if self.current.is_set():
-            self.current = anyio.Event()
+    listing: Listing = field(default_factory=Listing)
 
 
 _LIVE: weakref.WeakSet[McpTools] = weakref.WeakSet()
@@ -338,8 +310,9 @@ class McpTools:
 
     def _shown(self, server_id: str, tool: str) -> tuple[str | None, str | None]:
         """The digest of ``tool`` in the server's latest listing (connecting first if
-        need be; :data:`_NOT_LISTED` if it lists no such tool), or None and why the
-        server could not be reached or listed within the bounds."""
+        need be; :data:`~capgate.adapters.tools.mcp.listing.NOT_LISTED` if it lists no
+        such tool), or None and why the server could not be reached or listed within
+        the bounds."""
         if server_id not in self.servers:
             return None, None
         bound = self.connect_timeout + self.call_timeout + 1.0
@@ -384,14 +357,11 @@ class McpTools:
 
     async def _listed(self, connection: _Connection, tool: str) -> str:
         """The digest of ``tool`` in the connection's listing once it is current
-        (:data:`_NOT_LISTED` if the server does not list it); NotSent if no current
-        listing is read within the call timeout."""
-        with anyio.move_on_after(self.call_timeout):
-            while not connection.current.is_set():
-                await connection.current.wait()
-        if not connection.current.is_set() or not connection.alive:
+        (:data:`~capgate.adapters.tools.mcp.listing.NOT_LISTED` if the server does not
+        list it); NotSent if no current listing is read within the call timeout."""
+        if not await connection.listing.wait_current(self.call_timeout) or not connection.alive:
             raise NotSent("the server's changed tool list could not be read again")
-        return connection.definitions.get(tool, _NOT_LISTED)
+        return connection.listing.digest(tool)
 
     async def _discover(self, server_id: str) -> list[dict[str, Any]]:
         connection = await self._connected(server_id)
@@ -459,7 +429,7 @@ class McpTools:
         finally:
             connection.alive = False
             connection.ready.set()
-            connection.current.set()  # wakes calls waiting on it: they find it dead
+            connection.listing.end()  # wakes calls waiting on it: they find it dead
             if self._connections.get(spec.id) is connection:
                 del self._connections[spec.id]
 
@@ -486,7 +456,7 @@ class McpTools:
     def _on_message(self, connection: _Connection) -> Any:
         async def handle(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
-                connection.stale()
+                connection.listing.stale()
             elif isinstance(message, Exception):  # a transport fault: its type only
                 log.debug("server=%s transport: %s", connection.spec.id, type(message).__name__)
 
@@ -504,16 +474,15 @@ class McpTools:
             try:
                 async with client.listen(tools_list_changed=True) as subscription:
                     async for _event in subscription:
-                        connection.stale()
+                        connection.listing.stale()
             except Exception as exc:
                 log.debug("server=%s listen ended: %s", connection.spec.id, type(exc).__name__)
-            connection.stale()
+            connection.listing.stale()
             await anyio.sleep(1.0)
 
     async def _relister(self, connection: _Connection, client: Client) -> None:
         while True:
-            await connection.relist.wait()
-            connection.relist = anyio.Event()
+            await connection.listing.changed()
             try:
                 await self._relist(connection, client, "adapter")
             except Exception as exc:
@@ -525,33 +494,9 @@ class McpTools:
     async def _relist(
         self, connection: _Connection, client: Client, source: str
     ) -> list[dict[str, Any]]:
-        """List the server's tools, record the listing, and make it the connection's
-        current one unless the server said its list changed again meanwhile."""
-        changes = connection.changes
-        with anyio.fail_after(self.call_timeout):
-            tools = await self._list(client)
-        await anyio.to_thread.run_sync(self._record, connection.spec.id, tools, source)
-        connection.definitions = _digests(tools)
-        if connection.changes == changes:
-            connection.current.set()
-        return tools
-
-    async def _list(self, client: Client) -> list[dict[str, Any]]:
-        tools: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(MAX_PAGES):
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(
-                tool.model_dump(mode="json", by_alias=True, exclude_none=True)
-                for tool in page.tools
-            )
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        return tools
-
-    def _record(self, server_id: str, tools: list[dict[str, Any]], source: str) -> None:
-        record_listing(self.store, server_id, tools, source=source)
+        return await connection.listing.read(
+            client, self.store, connection.spec.id, source, self.call_timeout
+        )
 
     async def _stop_one(self, server_id: str) -> None:
         connection = self._connections.pop(server_id, None)
@@ -567,19 +512,6 @@ class McpTools:
             for connection in connections:
                 while connection.alive:
                     await anyio.sleep(0.02)
-
-
-def _digests(tools: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """The digest of each listed tool's definition, by name, as its pin computes it; a
-    tool that cannot be pinned has none (calls of it are refused as changed)."""
-    digests: dict[str, str] = {}
-    for tool in tools:
-        try:
-            definition = tool_definition(tool)
-        except InvalidInput:
-            continue
-        digests[definition["name"]] = definition_digest(definition)
-    return digests
 
 
 def _closed(client: Client) -> bool:
