@@ -1,18 +1,25 @@
 """The MCP transport: run catalogue tools on upstream MCP servers, pinned and reviewed.
 
+Without the ``mcp`` package:
+
 - ``config``: the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate and server specs;
 - ``definitions``: what of a tool is pinned, its digest, diffs for people;
 - ``pins``: recording listings, accepting and rejecting definitions;
+- ``placement``: which catalogue tools run on the servers, and the pin each runs under;
+- ``schemas``: values checked against a definition's accepted input and output schemas.
+
+With it (the ``mcp`` extra):
+
+- ``client``: :class:`McpTools`, the adapter, and the order of a call's checks;
+- ``sessions``: each server's session, started on demand, held open, stopped; the call;
 - ``listing``: a connection's tool listing, read, recorded and current before a call;
 - ``loop``: the event-loop thread a synchronous caller reaches the async SDK through;
-- ``placement``: which catalogue tools run on the servers, and the pin each runs under;
-- ``schemas``: values checked against a definition's accepted input and output schemas;
-- ``outcomes``: what each ending of an upstream call means (refused, retryable, unknown);
-- ``client``: :class:`McpTools`, the adapter (needs the ``mcp`` extra).
+- ``outcomes``: what each ending of an upstream call means (refused, retryable, unknown).
 
-Only :mod:`capgate.adapters.tools.mcp.client` imports the ``mcp`` package, and this package imports
-it only when ``McpTools`` is first asked for, so configuration, pins and the command
-line work without the extra installed. See ``docs/mcp-upstreams.md``.
+Only those five import the ``mcp`` package. Of them, code outside imports only
+:mod:`capgate.adapters.tools.mcp.client`, and this package imports it only when
+``McpTools`` is first asked for, so configuration, pins and the command line work
+without the extra installed. See ``docs/mcp-upstreams.md``.
 """
 
 from __future__ import annotations

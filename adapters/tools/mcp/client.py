@@ -7,40 +7,35 @@ OPA has allowed that exact call, so a denied call never reaches this module: no
 server is started and no connection opened for it (servers are started on the first
 *authorised* call, never when the adapter is built).
 
-**Threading model.** The dispatcher is synchronous, the official ``mcp`` SDK is
-async (anyio): each McpTools owns one :class:`~capgate.adapters.tools.mcp.loop.EventLoop`,
-a daemon thread started by the first call that needs it. Each upstream server has
-one long-lived task in that loop holding its ``mcp.Client`` session open (a
-persistent stdio process, or a streamable-HTTP session), its ``subscriptions/listen``
-stream on 2026-07-28 connections, and a task that re-lists the tools whenever the
-server says ``notifications/tools/list_changed``. :meth:`McpTools.run` submits the
-call to the loop and waits for it with a bound (the connect timeout, a call timeout
-for a current listing and one for the call, and a grace second), so no call can hang
-the calling thread, whatever the server does.
+This module is the adapter's face to the dispatcher and the gateway, and the order
+of a call's checks; each job under it has a module of its own:
 
-**Pinned definitions.** A tool runs only under a definition a person accepted
-(:mod:`capgate.adapters.tools.mcp.pins`), and nothing is sent on a connection before
-its listing has been read, recorded and checked against the accepted pins
-(:mod:`capgate.adapters.tools.mcp.listing`). The gateway asks
-:meth:`McpTools.definition_digest` before it writes the call's intent, which
-connects, lists and compares, so a call whose tool the server now shows in another
-version (a server restarted with a changed schema, say) is refused as
-``tool_quarantined`` with nothing reserved; the same check runs again in the event
-loop just before the request leaves. The digest it returns names, for the ledger,
-the definition that serves the call, and is pinned for the operation. Arguments are
-checked against the accepted input schema before anything is sent (the dispatcher
-already checked them against the catalogue contract's), structured results against
-the accepted output schema (:mod:`capgate.adapters.tools.mcp.schemas`).
+- :mod:`~capgate.adapters.tools.mcp.placement`: which catalogue tools run here, and
+  the pin each runs under (unplaced tools, quarantine, the pin held for an
+  operation);
+- :mod:`~capgate.adapters.tools.mcp.loop`: the event-loop thread the synchronous
+  caller reaches the async SDK through, each wait bounded;
+- :mod:`~capgate.adapters.tools.mcp.sessions`: each server's session, started on
+  demand, held open, stopped; the call itself;
+- :mod:`~capgate.adapters.tools.mcp.listing`: a connection's listing, recorded and
+  current before anything is sent on it;
+- :mod:`~capgate.adapters.tools.mcp.schemas`: the accepted input and output schemas;
+- :mod:`~capgate.adapters.tools.mcp.outcomes`: what each ending of a call means.
 
-**Placement.** Which catalogue tools run here (with ``unplaced=True``, also those
-that name no ``upstream``, on the server where a tool of their name was accepted as
-them), which are quarantined, and the pin each runs under are read in
-:mod:`capgate.adapters.tools.mcp.placement`, from the catalogue and the store alone.
-
-**Outcomes.** What each ending of a call means (``success``, ``refused``,
-``retryable``, ``unknown``) is read in :mod:`capgate.adapters.tools.mcp.outcomes`:
-retryable only when nothing was sent or the call is a ``read``. Output is data,
-returned as the result and never reaching OPA's input.
+**A call's checks, in order.** The gateway asks :meth:`McpTools.definition_digest`
+before it writes the call's intent, which connects, lists and compares what the
+server shows with the accepted definition, so a call whose tool the server now shows
+in another version (a server restarted with a changed schema, say) is refused as
+``tool_quarantined`` with nothing reserved; the digest it returns names, for the
+ledger, the definition that serves the call, and is pinned for the operation. Then
+:meth:`McpTools.run` refuses a tool with no definition accepted as it, fails a
+server found unreachable then as retryable without trying it again, and checks the
+arguments against the accepted input schema (the dispatcher already checked them
+against the catalogue contract's); only then is the call submitted, and the
+definition is compared again in the event loop just before the request leaves. The
+caller waits for it with a bound (the connect timeout, a call timeout for a current
+listing and one for the call, and a grace second), so no call can hang the calling
+thread, whatever the server does.
 
 **No lookup.** McpTools does not implement
 :class:`~capgate.gateway.tools.contract.SupportsLookup`: MCP has no standard way to ask a
@@ -60,28 +55,16 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
-import os
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
-import anyio
-import anyio.abc
-import anyio.to_thread
 import mcp_types as types
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capgate.adapters.tools.mcp.config import ServerSpec
-from capgate.adapters.tools.mcp.listing import Listing
 from capgate.adapters.tools.mcp.loop import CLOSE_TIMEOUT, EventLoop
 from capgate.adapters.tools.mcp.outcomes import (
-    Changed,
     NotSent,
     call_failed,
     call_result,
@@ -91,17 +74,13 @@ from capgate.adapters.tools.mcp.outcomes import (
 )
 from capgate.adapters.tools.mcp.placement import Placement
 from capgate.adapters.tools.mcp.schemas import schema_problem
-from capgate.gateway.errors import (
-    UpstreamConfigError,
-    UpstreamUnavailable,
-    quote,
-)
+from capgate.adapters.tools.mcp.sessions import Sessions
+from capgate.gateway.errors import UpstreamConfigError, UpstreamUnavailable, quote
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.outcomes import ToolRefused
 from capgate.gateway.state.records import PinRecord
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, DefinitionChanged
-from capgate.gateway.version import __version__
 
 __all__ = ["IDEMPOTENCY_META_KEY", "McpTools"]
 
@@ -109,21 +88,6 @@ log = logging.getLogger("capgate.mcp")
 
 #: Where a call's idempotency key travels: the tools/call request's ``_meta``.
 IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
-
-
-@dataclass(eq=False)
-class _Connection:
-    """One server's session, owned by one task in the loop."""
-
-    spec: ServerSpec
-    ready: anyio.Event = field(default_factory=anyio.Event)
-    stop: anyio.Event = field(default_factory=anyio.Event)
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    client: Client | None = None
-    error: str | None = None
-    alive: bool = False
-    listing: Listing = field(default_factory=Listing)
-
 
 _LIVE: weakref.WeakSet[McpTools] = weakref.WeakSet()
 
@@ -144,9 +108,9 @@ class McpTools:
     (default: discarded). ``mode="legacy"`` skips the 2026-07-28 ``server/discover``
     probe and always uses the ``initialize`` handshake (for a server whose probe
     misbehaves). With ``unplaced``, the catalogue tools that name no ``upstream`` run
-    here too, on the server where a tool of their name was accepted as them (see the
-    module doc). Close it (or use it as a context manager) to stop the
-    servers; at interpreter exit every open McpTools is closed.
+    here too, on the server where a tool of their name was accepted as them (see
+    :mod:`~capgate.adapters.tools.mcp.placement`). Close it (or use it as a context
+    manager) to stop the servers; at interpreter exit every open McpTools is closed.
     """
 
     def __init__(
@@ -181,12 +145,18 @@ class McpTools:
         self.mode = mode
         self.call_timeout = float(call_timeout)
         self.connect_timeout = float(connect_timeout)
-        self._errlog = errlog
         self._placement = Placement(catalogue, self.servers, store, unplaced=unplaced)
         self._targets = self._placement.targets
         self._loop = EventLoop()
-        self._connections: dict[str, _Connection] = {}
-        self._connecting: dict[str, anyio.Lock] = {}
+        self._sessions = Sessions(
+            self.servers,
+            store,
+            self._loop,
+            call_timeout=self.call_timeout,
+            connect_timeout=self.connect_timeout,
+            errlog=errlog,
+            mode=mode,
+        )
         _LIVE.add(self)
 
     # -- the Adapter protocol --------------------------------------------------------------
@@ -223,14 +193,13 @@ class McpTools:
             )
         meta = {IDEMPOTENCY_META_KEY: context.idempotency_key} if context.idempotency_key else None
         bound = self.connect_timeout + 2 * self.call_timeout + 1.0
+        call = self._sessions.call
         try:
-            future = self._loop.submit(
-                self._call, server, tool, dict(params), meta, pin.accepted_digest
-            )
+            future = self._loop.submit(call, server, tool, dict(params), meta, pin.accepted_digest)
             result: types.CallToolResult = future.result(bound)
         except Exception as exc:
             if isinstance(exc, TimeoutError):
-                future.cancel()
+                future.cancel()  # and with it the call's task in the loop
             elif connection_closed(exc):
                 self._drop(server)
             call_failed(exc, contract, server, tool, self.call_timeout)
@@ -284,7 +253,8 @@ class McpTools:
                 raise UpstreamConfigError(f"no configured server has the id {quote(server_id)}")
             bound = self.connect_timeout + self.call_timeout + 1.0
             try:
-                listings[server_id] = self._loop.submit(self._discover, server_id).result(bound)
+                future = self._loop.submit(self._sessions.discover, server_id)
+                listings[server_id] = future.result(bound)
             except (NotSent, TimeoutError, concurrent.futures.TimeoutError, MCPError) as exc:
                 raise UpstreamUnavailable(
                     f"server {server_id!r} could not be listed ({why(exc)})"
@@ -295,7 +265,7 @@ class McpTools:
 
     def close(self) -> None:
         """Stop every server session and the event loop (idempotent)."""
-        self._loop.close(self._stop_all)
+        self._loop.close(self._sessions.stop_all)
 
     def __enter__(self) -> McpTools:
         return self
@@ -317,7 +287,8 @@ class McpTools:
             return None, None
         bound = self.connect_timeout + self.call_timeout + 1.0
         try:
-            shown: str = self._loop.submit(self._current_digest, server_id, tool).result(bound)
+            future = self._loop.submit(self._sessions.current_digest, server_id, tool)
+            shown: str = future.result(bound)
         except (NotSent, TimeoutError, concurrent.futures.TimeoutError) as exc:
             log.info("server=%s: no listing to compare before the call (%s)", server_id, why(exc))
             return None, why(exc) if isinstance(exc, NotSent) else "no listing within the bound"
@@ -328,199 +299,6 @@ class McpTools:
 
     def _drop(self, server_id: str) -> None:
         try:
-            self._loop.submit(self._stop_one, server_id).result(CLOSE_TIMEOUT)
+            self._loop.submit(self._sessions.stop_one, server_id).result(CLOSE_TIMEOUT)
         except Exception as exc:
             log.debug("dropping server=%s: %s", server_id, type(exc).__name__)
-
-    # -- inside the event loop -------------------------------------------------------------
-
-    async def _call(
-        self,
-        server_id: str,
-        tool: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any] | None,
-        accepted: str | None,
-    ) -> types.CallToolResult:
-        connection = await self._connected(server_id)
-        # Checked in the loop, with no await between the check and the request: what
-        # the connection last listed is what this call is sent under.
-        if await self._listed(connection, tool) != accepted:
-            raise Changed
-        client = connection.client
-        assert client is not None
-        with anyio.fail_after(self.call_timeout):
-            return await client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
-
-    async def _current_digest(self, server_id: str, tool: str) -> str:
-        return await self._listed(await self._connected(server_id), tool)
-
-    async def _listed(self, connection: _Connection, tool: str) -> str:
-        """The digest of ``tool`` in the connection's listing once it is current
-        (:data:`~capgate.adapters.tools.mcp.listing.NOT_LISTED` if the server does not
-        list it); NotSent if no current listing is read within the call timeout."""
-        if not await connection.listing.wait_current(self.call_timeout) or not connection.alive:
-            raise NotSent("the server's changed tool list could not be read again")
-        return connection.listing.digest(tool)
-
-    async def _discover(self, server_id: str) -> list[dict[str, Any]]:
-        connection = await self._connected(server_id)
-        assert connection.client is not None
-        return await self._relist(connection, connection.client, "capgate mcp discover")
-
-    async def _connected(self, server_id: str) -> _Connection:
-        """The server's live session, started now if there is none (bounded)."""
-        lock = self._connecting.setdefault(server_id, anyio.Lock())
-        async with lock:
-            connection = self._connections.get(server_id)
-            if connection is not None and connection.alive and connection.client is not None:
-                if not _closed(connection.client):
-                    return connection
-                connection.stop.set()  # the server went away between calls: start anew
-            connection = _Connection(self.servers[server_id])
-            self._connections[server_id] = connection
-            self._loop.tasks.start_soon(self._serve, connection)
-            with anyio.move_on_after(self.connect_timeout):
-                await connection.ready.wait()
-            if connection.client is None or not connection.alive:
-                connection.scope.cancel()
-                connection.stop.set()
-                self._connections.pop(server_id, None)
-                raise NotSent(connection.error or f"no session within {self.connect_timeout:g}s")
-            return connection
-
-    async def _serve(self, connection: _Connection) -> None:
-        """Hold one server's session open until told to stop; never raises."""
-        spec = connection.spec
-        try:
-            with connection.scope:
-                async with AsyncExitStack() as stack:
-                    client = Client(
-                        await self._transport(stack, spec),
-                        message_handler=self._on_message(connection),
-                        client_info=types.Implementation(name="capgate", version=__version__),
-                        cache=None,
-                        mode=self.mode,
-                    )
-                    await stack.enter_async_context(client)
-                    # Read, recorded and current before the connection is handed out:
-                    # no call goes on a connection whose listing was not checked.
-                    await self._relist(connection, client, "adapter")
-                    connection.client, connection.alive = client, True
-                    log.info(
-                        "connected server=%s transport=%s protocol=%s",
-                        spec.id,
-                        spec.transport,
-                        client.protocol_version,
-                    )
-                    async with anyio.create_task_group() as tasks:
-                        tasks.start_soon(self._relister, connection, client)
-                        capability = client.server_capabilities.tools
-                        if capability is not None and capability.list_changed:
-                            tasks.start_soon(self._listen, connection, client)
-                        connection.ready.set()
-                        await connection.stop.wait()
-                        tasks.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
-            raise  # the loop is stopping
-        except Exception as exc:  # a server that failed to start, or died: logged, not raised
-            connection.error = why(exc)
-            log.warning("server=%s session ended: %s", spec.id, connection.error)
-        finally:
-            connection.alive = False
-            connection.ready.set()
-            connection.listing.end()  # wakes calls waiting on it: they find it dead
-            if self._connections.get(spec.id) is connection:
-                del self._connections[spec.id]
-
-    async def _transport(self, stack: AsyncExitStack, spec: ServerSpec) -> Any:
-        if spec.url is not None:
-            import httpx2
-
-            http = await stack.enter_async_context(
-                httpx2.AsyncClient(
-                    trust_env=False,  # no proxy from the environment: loopback only
-                    follow_redirects=False,
-                    timeout=httpx2.Timeout(self.connect_timeout, read=300.0),
-                )
-            )
-            return streamable_http_client(spec.url, http_client=http)
-        errlog = self._errlog
-        if errlog is None:
-            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
-        # The SDK starts the server with a minimal environment (HOME, PATH, ...), never
-        # the gateway's own: no credential of the gateway's reaches a server that way.
-        params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]))
-        return stdio_client(params, errlog=errlog)
-
-    def _on_message(self, connection: _Connection) -> Any:
-        async def handle(message: Any) -> None:
-            if isinstance(message, types.ToolListChangedNotification):
-                connection.listing.stale()
-            elif isinstance(message, Exception):  # a transport fault: its type only
-                log.debug("server=%s transport: %s", connection.spec.id, type(message).__name__)
-
-        return handle
-
-    async def _listen(self, connection: _Connection, client: Client) -> None:
-        """On a 2026-07-28 connection, list changes arrive on a listen stream.
-
-        There is no replay: after the stream ends, the tools are listed again (a change
-        may have been missed) and a new stream is opened, once a second at most.
-        """
-        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return  # handshake era: notifications come unasked, through the handler
-        while not connection.stop.is_set() and not _closed(client):
-            try:
-                async with client.listen(tools_list_changed=True) as subscription:
-                    async for _event in subscription:
-                        connection.listing.stale()
-            except Exception as exc:
-                log.debug("server=%s listen ended: %s", connection.spec.id, type(exc).__name__)
-            connection.listing.stale()
-            await anyio.sleep(1.0)
-
-    async def _relister(self, connection: _Connection, client: Client) -> None:
-        while True:
-            await connection.listing.changed()
-            try:
-                await self._relist(connection, client, "adapter")
-            except Exception as exc:
-                # Calls wait for a current listing that will not come: end the session,
-                # so they fail as not sent and the next call connects and lists anew.
-                log.warning("server=%s re-list failed: %s", connection.spec.id, why(exc))
-                connection.stop.set()
-
-    async def _relist(
-        self, connection: _Connection, client: Client, source: str
-    ) -> list[dict[str, Any]]:
-        return await connection.listing.read(
-            client, self.store, connection.spec.id, source, self.call_timeout
-        )
-
-    async def _stop_one(self, server_id: str) -> None:
-        connection = self._connections.pop(server_id, None)
-        if connection is not None:
-            connection.stop.set()
-
-    async def _stop_all(self) -> None:
-        connections = list(self._connections.values())
-        self._connections.clear()
-        for connection in connections:
-            connection.stop.set()
-        with anyio.move_on_after(CLOSE_TIMEOUT):
-            for connection in connections:
-                while connection.alive:
-                    await anyio.sleep(0.02)
-
-
-def _closed(client: Client) -> bool:
-    """Whether the session's connection is known to be gone (the server exited, the
-    HTTP session ended). Read from the SDK's dispatcher; unknown counts as open, and
-    a call on a closed connection then fails as any other would."""
-    try:
-        session = client.session
-    except RuntimeError:  # the client has left its context: no session at all
-        return True
-    dispatcher = getattr(session, "_dispatcher", None)
-    return getattr(dispatcher, "_closed", False) is True
