@@ -13,6 +13,9 @@
   (``TYPE_CHECKING`` blocks and function bodies aside).
 - The core's rooms import downwards only (``CORE_BELOW``), and tools never reach the
   fronts.
+- The MCP tool package's modules import downwards only (``MCP_TOOLS_BELOW``); those
+  that load without the ``mcp`` extra import no SDK, and outside the package only
+  its adapter of the modules that need the SDK is imported.
 - One logger family: every logger is ``capgate.<room>...``.
 """
 
@@ -87,7 +90,8 @@ def test_the_layout_has_the_expected_rooms():
         assert room in names
     for room in ("capgate.gateway.enforce", "capgate.gateway.tools", "capgate.gateway.policy",
                  "capgate.gateway.schema", "capgate.adapters.fronts", "capgate.adapters.tools",
-                 "capgate.cli", "capgate.cli.commands.diff"):  # fmt: skip
+                 "capgate.cli", "capgate.cli.commands.diff",
+                 "capgate.adapters.tools.mcp"):  # fmt: skip
         assert room in names
     flat = sorted(p.name for p in (REPO / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(flat) <= 4, f"gateway's top level is filling up again: {flat}"
@@ -208,16 +212,10 @@ def _core_room(module: str) -> str | None:
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "path"),
-    [(n, p) for n, p in MODULES if _core_room(n)],
-    ids=[n for n, _ in MODULES if _core_room(n)],
-)
-def test_the_cores_rooms_import_downwards_only(name: str, path: Path):
-    room = _core_room(name)
-    assert room is not None
+def _imported(path: Path) -> set[str]:
+    """Every module name the file imports, anywhere in it (inside a function too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    imported = {
+    return {
         node.module
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
@@ -227,12 +225,85 @@ def test_the_cores_rooms_import_downwards_only(name: str, path: Path):
         if isinstance(node, ast.Import)
         for alias in node.names
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [(n, p) for n, p in MODULES if _core_room(n)],
+    ids=[n for n, _ in MODULES if _core_room(n)],
+)
+def test_the_cores_rooms_import_downwards_only(name: str, path: Path):
+    room = _core_room(name)
+    assert room is not None
     wrong = sorted(
         module
-        for module in imported
+        for module in _imported(path)
         if (other := _core_room(module)) is not None
         and other != room
         and other not in CORE_BELOW[room]
+    )
+    assert wrong == []
+
+
+#: The MCP tool adapter's modules, each with those of its package it may import: the
+#: adapter (client) over the sessions, which hold the listings, all of them over the
+#: event loop and what a call's end means; beside them, what needs no SDK. The
+#: sessions never reach back to the adapter, the listing never to the sessions.
+MCP_TOOLS = "capgate.adapters.tools.mcp"
+MCP_TOOLS_BELOW = {
+    "client": {"config", "loop", "outcomes", "placement", "schemas", "sessions"},
+    "sessions": {"config", "listing", "loop", "outcomes"},
+    "listing": {"definitions", "pins"},
+    "loop": {"outcomes"},
+    "outcomes": {"schemas"},
+    "placement": set(),
+    "pins": {"definitions"},
+    "definitions": set(),
+    "schemas": set(),
+    "config": set(),
+}
+#: Those that load without the mcp extra (tests/unit/test_mcp_imports.py runs them so).
+MCP_TOOLS_WITHOUT_SDK = {"config", "definitions", "pins", "placement", "schemas"}
+
+
+def test_the_mcp_tool_modules_are_all_mapped_and_form_no_circle() -> None:
+    found = {n.removeprefix(MCP_TOOLS + ".") for n, _ in MODULES if n.startswith(MCP_TOOLS + ".")}
+    assert found == set(MCP_TOOLS_BELOW)
+    assert found >= MCP_TOOLS_WITHOUT_SDK
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"a circle of modules: {' -> '.join((*path, module))}"
+        for below in MCP_TOOLS_BELOW[module]:
+            visit(below, (*path, module))
+
+    for module in MCP_TOOLS_BELOW:
+        visit(module, ())
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [(n, p) for n, p in MODULES if n.startswith(MCP_TOOLS + ".")],
+    ids=[n for n, _ in MODULES if n.startswith(MCP_TOOLS + ".")],
+)
+def test_the_mcp_tool_modules_import_downwards_only(name: str, path: Path) -> None:
+    module = name.removeprefix(MCP_TOOLS + ".")
+    imported = _imported(path)
+    ours = {m.removeprefix(MCP_TOOLS + ".") for m in imported if m.startswith(MCP_TOOLS + ".")}
+    assert sorted(ours - MCP_TOOLS_BELOW[module]) == []
+    assert MCP_TOOLS not in imported  # the package, which imports its modules
+    if module in MCP_TOOLS_WITHOUT_SDK:
+        sdk = sorted(m for m in imported if m.split(".")[0] in ("mcp", "mcp_types"))
+        assert sdk == [], f"{name} is to load without the mcp extra"
+
+
+def test_outside_its_package_only_the_adapter_of_the_mcp_tool_modules_needs_the_sdk() -> None:
+    wrong = sorted(
+        f"{name}: imports {module}"
+        for name, path in MODULES
+        if not (name == MCP_TOOLS or name.startswith(MCP_TOOLS + "."))
+        for module in _imported(path)
+        if module.startswith(MCP_TOOLS + ".")
+        and module.removeprefix(MCP_TOOLS + ".") not in MCP_TOOLS_WITHOUT_SDK | {"client"}
     )
     assert wrong == []
 

@@ -2,12 +2,13 @@
 
 A subprocess makes ``mcp`` (and ``mcp_types``) unimportable with a meta-path finder
 that raises ImportError for them, then imports the core (``gateway``,
-``capgate.adapters.tools.in_process``, ``capgate.cli.main``) and the MCP modules that need no SDK
-(configuration, definitions, pins, the ``capgate mcp`` commands, the demo scenes
-and the oracle server's spec), checks none of them pulled ``mcp`` in, and that what
-does need it says how to install it: ``capgate.adapters.tools.mcp.McpTools`` raises
-``McpUnavailable``, ``capgate mcp discover`` exits 2 with the install hint, the demo
-knows to skip its MCP scene, and ``capgate mcp pending`` works.
+``capgate.adapters.tools.in_process``, ``capgate.cli.main``) and the MCP modules that
+need no SDK (configuration, definitions, pins, placement, the accepted schemas'
+check, the ``capgate mcp`` commands, the demo scenes and the oracle server's spec),
+checks none of them pulled ``mcp`` in, and that what does need it says how to
+install it: ``capgate.adapters.tools.mcp.McpTools`` raises ``McpUnavailable``,
+``capgate mcp discover`` exits 2 with the install hint, the demo knows to skip its
+MCP scene, and ``capgate mcp pending`` works.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ _WITHOUT_MCP = textwrap.dedent(
     import capgate, capgate.gateway, capgate.adapters, capgate.cli.main
     import capgate.adapters.tools.in_process, capgate.adapters.tools.mcp
     import capgate.adapters.tools.mcp.config, capgate.adapters.tools.mcp.definitions
-    import capgate.adapters.tools.mcp.pins
+    import capgate.adapters.tools.mcp.pins, capgate.adapters.tools.mcp.placement
+    import capgate.adapters.tools.mcp.schemas
     import capgate.cli.commands.mcp, capgate.demo.scenes, capgate.demo.oracle_server
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types"))
     assert loaded == [], loaded
