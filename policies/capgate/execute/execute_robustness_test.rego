@@ -286,16 +286,14 @@ test_deny_null_approval_setting_is_not_matched_by_null_kind if {
 }
 
 # Only idempotent_with_key contracts carry the key obligation.
-test_allow_obligation_only_for_keyed_idempotency if {
-	every idempotency in ["idempotent", "not_idempotent"] {
-		tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"idempotency": idempotency})
-		catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
-		decision := execute.decision with input as fixtures_test.execute_input
-			with data.capgate.catalogue as catalogue
-			with time.now_ns as fixtures_test.now_ns
-		decision.allow == true
-		decision.obligations == set()
-	}
+test_allow_obligation_only_for_keyed_idempotency if every idempotency in ["idempotent", "not_idempotent"] {
+	tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"idempotency": idempotency})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+	decision := execute.decision with input as fixtures_test.execute_input
+		with data.capgate.catalogue as catalogue
+		with time.now_ns as fixtures_test.now_ns
+	decision.allow == true
+	decision.obligations == set()
 }
 
 # The clock is OPA's: the same approval allows before its expiry and denies after.

@@ -130,14 +130,12 @@ _compose_inputs := [
 ]
 
 # The verdict of explain is compose's, and is every check passing, on every facts.
-test_allow_compose_verdict_is_the_decisions if {
-	every facts in _compose_inputs {
-		visible := compose.decision.visible with input as facts with data.capgate.catalogue as fixtures_test.catalogue
-		explained := explain.compose.tools with input as facts with data.capgate.catalogue as fixtures_test.catalogue
-		object.keys(explained) == fixtures_test.tool_names
-		{name | some name, tool in explained; tool.visible} == visible
-		{name | some name, tool in explained; count(_failing(tool.checks)) == 0} == visible
-	}
+test_allow_compose_verdict_is_the_decisions if every facts in _compose_inputs {
+	visible := compose.decision.visible with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	explained := explain.compose.tools with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	object.keys(explained) == fixtures_test.tool_names
+	{name | some name, tool in explained; tool.visible} == visible
+	{name | some name, tool in explained; count(_failing(tool.checks)) == 0} == visible
 }
 
 # compose_codes names exactly the tools compose hides, each with the codes of the
@@ -229,9 +227,11 @@ _execute_rows := {
 		"patch": {"stage": "call"},
 		"failing": {"stage": "review_required"},
 	},
+	# The approval and the proposal are read at dispatch, the budget at call and
+	# dispatch: at a stage that is none of them, only the stage fails.
 	"stage unknown": {
 		"patch": {"stage": "run"},
-		"failing": {"stage": "stage_invalid", "proposal": "proposal_not_approved", "budget_units": "budget_exhausted"},
+		"failing": {"stage": "stage_invalid"},
 	},
 	"no approval, pending proposal": {
 		"patch": {"approval": null, "proposal": {"status": "pending"}},
