@@ -4,6 +4,7 @@ import data.capgate.compose
 import data.capgate.execute
 import data.capgate.explain
 import data.capgate.fixtures_test
+import data.capgate.visibility
 
 _compose_checks := ["role", "task", "connection", "environment", "budget", "quarantine"]
 
@@ -279,5 +280,18 @@ _agrees if {
 	explained.allow == _passes_all(explained.checks)
 	every code in fixtures_test.codes(decision.reasons) {
 		code in {check.code | some check in explained.checks}
+	}
+}
+
+# The templates explain's compose answer carries are the compose checks' declared
+# ones, one for every code they declare, whatever the input.
+test_compose_carries_the_declared_templates if {
+	explained := explain.compose with input as {} with data.capgate.catalogue as fixtures_test.catalogue
+	count(explained.templates) == 8
+	explained.templates.role_not_granted == "tool {tool} is not granted to role {role}"
+	every declaration in visibility.declared {
+		every code, spec in declaration.codes {
+			explained.templates[code] == spec.message
+		}
 	}
 }

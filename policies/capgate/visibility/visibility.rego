@@ -42,7 +42,7 @@ reasons(name) := {reason(check, name) | some check in failed_checks(name)}
 #   {"code", "message"} for the compose check named check failing for the tool: the
 #   code the check gives it, and that code's declared message template filled with
 #   the facts the check read.
-reason(check, name) := {"code": code, "message": rendering.message(_templates[code], values)} if {
+reason(check, name) := {"code": code, "message": rendering.message(templates[code], values)} if {
 	key := _key_of(check, name)
 	code := _code_of(check, key)
 	values := object.union(_facts_of(check, key), {"tool": name})
@@ -208,7 +208,14 @@ _check_names := [declaration.check | some declaration in declared]
 
 _check_set := {check | some check in _check_names}
 
-_templates[code] := spec.message if {
+# METADATA
+# title: Message templates
+# description: |
+#   {code: template} for every code a compose check declares. Execute renders its
+#   compose reasons from these; explain's compose answer carries them, so that the
+#   gateway renders compose's reasons from the templates of the policies that made
+#   the decision, never from a copy of its own.
+templates[code] := spec.message if {
 	some declaration in declared
 	some code, spec in declaration.codes
 }
