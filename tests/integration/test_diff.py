@@ -223,7 +223,8 @@ def test_a_check_loosened_in_the_working_tree_widens_every_revoked_alias(scratch
 
 
 def test_a_reason_renamed_changes_reasons_and_widens_nothing(scratch, capsys):
-    rewrite_policies(scratch, '"environment_restricted"', '"environment_not_offered"')
+    # A code is named once, in its check's declaration.
+    rewrite_policies(scratch, "environment_restricted:", "environment_not_offered:", count=1)
     commit(scratch, "rename a reason code")
 
     report = diff_json(capsys, scratch, "HEAD~1", "HEAD")
@@ -418,7 +419,7 @@ def check_loosened(repo: Path) -> None:
 
 
 def reason_renamed(repo: Path) -> None:
-    rewrite_policies(repo, '"environment_restricted"', '"environment_not_offered"')
+    rewrite_policies(repo, "environment_restricted:", "environment_not_offered:", count=1)
 
 
 @pytest.mark.parametrize("change", [grant_added, check_loosened, reason_renamed])
