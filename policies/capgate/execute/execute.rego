@@ -10,6 +10,8 @@
 #   data.capgate.execute.decision. The compose checks are declared in
 #   capgate.visibility, the call-time checks in declared (checks.rego), each with
 #   its codes and message templates.
+# schemas:
+#   - input: schema.execute
 package capgate.execute
 
 import data.capgate.provenance

@@ -7,6 +7,8 @@
 #   it is pending. A rejection needs the same permission as an approval. Query
 #   data.capgate.review.decision. Its checks are declared, with their codes and
 #   message templates, in declared.
+# schemas:
+#   - input: schema.review
 package capgate.review
 
 import data.capgate.provenance

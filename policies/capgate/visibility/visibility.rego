@@ -11,6 +11,8 @@
 #   (visible_tools, which compose answers; passing_names and tool_checks, which
 #   explain reads). Every form reads the same entries of the same index, so a tool
 #   hidden at compose time is never callable.
+# schemas:
+#   - input: schema.execute
 package capgate.visibility
 
 import data.capgate.reasons as rendering
