@@ -326,11 +326,7 @@ def test_the_full_matrix_of_a_1000_tool_catalogue_diffs_with_every_reason(tmp_pa
 
 def test_a_call_time_check_loosened_widens_calls_not_visibility(scratch, capsys):
     # A used approval now passes: every reviewed tool's "approval used" call flips.
-    rewrite_policies(
-        scratch,
-        "_is_approval_unused if input.approval.used == false",
-        "_is_approval_unused := true",
-    )
+    rewrite_policies(scratch, "not input.approval.used == false", "false", count=1)
 
     report = diff_json(capsys, scratch, "HEAD")
 
