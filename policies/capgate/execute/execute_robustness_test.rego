@@ -308,9 +308,9 @@ test_deny_same_approval_after_expiry if {
 	fixtures_test.codes(after.reasons) == {"approval_expired"}
 }
 
-# allow needs both layers: the positive checks and an empty set of reasons. Each
+# allow needs both layers: no failing check and an empty set of reasons. Each
 # layer alone must deny, so a reason that failed to render never becomes an allow.
-test_deny_positive_checks_deny_without_reasons if {
+test_deny_failing_checks_deny_without_reasons if {
 	allowed := {note |
 		some note, case in _all_deny_cases
 		execute.allow with input as _facts(case)
