@@ -30,7 +30,7 @@ demo: ## build the pinned OPA, create .venv with the mcp extra, run both worked 
 test: setup-test policy-test lint typecheck unit integration ## run every gate (what CI runs)
 	@echo "make test: every gate passed"
 
-policy-test: setup ## Rego gate: opa fmt, check --strict, capabilities (no network), regal, opa test + coverage
+policy-test: setup ## Rego gate: opa fmt, check --strict, input schemas (from the models), capabilities (no network), regal, opa test + coverage
 	@bash scripts/policy-gate.sh
 
 policy-watch: setup ## re-run the policy gate on every save under policies/ (Ctrl-C stops)

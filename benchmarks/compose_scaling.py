@@ -14,8 +14,9 @@ catalogue:
    to OPA's own evaluation time (``opa bench``) for the same query and data.
 2. Compose as one query against one query per tool (the per-tool checks execute
    asks, through a probe rule), at 1,000 tools; both must agree tool for tool.
-3. Execute: ``opa bench`` of ``capgate/execute/decision`` on the demo catalogue, and
-   at 10,000 against 100 tools.
+3. Execute: ``opa bench`` of ``capgate/execute/decision`` on the demo catalogue,
+   against the floor of its checks (``FLOOR``: issue 18 put the goal as that
+   ratio), and at 10,000 against 100 tools.
 4. An authorised call (``Dispatcher.call`` of a no-op in-process tool) against a raw
    ``http.client`` keep-alive POST of the same input to the same OPA, with httpx and
    httpcore POSTs beside it, and the CPU each path costs this process and OPA; 2
@@ -790,24 +791,25 @@ NOTES = """## Reading these figures
   the same input to the same OPA over the same unix socket, with the same
   `?provenance=true`. The paths run interleaved in rounds so that load on the shared
   machine falls on all of them alike.
-- **Where execute's time goes.** OPA charges about 4 µs for each rule it
-  evaluates here, and a query for one constant already costs 20-30 µs in `opa
-  bench`. An allowed call evaluates about 70 rules: the six compose checks of the
-  called tool (one argument-free set, each check its per-tool function applied to
-  the called tool), the ten call-time checks, one guard per reason rule (so that
-  `allow`, which requires the positive checks and an empty reason set, keeps both
-  formulations), the obligation and the catalogue digest. Reading facts directly
-  instead of through normalising rules, and guarding each reason rule with its
-  failed check, took the decision from 370-450 µs to 290-340 µs (1,303 to about
-  910 allocations) in `opa bench` runs made back to back, old and new policies in
-  turn; a single run of this script moves more with the machine's load (the
-  execute column above against the goal's row). The goal's row also shows the
-  floor: the same checks an allowed call passes, inline in one rule body, with no
-  reason rules, no obligations and no second formulation (`FLOOR` in this script;
-  it allows the same demo call, checked in each run), and a query of one constant.
-  On this machine that floor is itself above 60 µs (76-102 µs in the runs made
-  while writing this), so no execute decision that checks these facts meets the
-  goal here in this evaluator.
+- **Where execute's time goes.** OPA charges a few µs for each rule, comprehension
+  and builtin call it evaluates, and a query for one constant already costs 20-30 µs
+  in `opa bench`. Issue 18 put execute's goal against the floor measured in the same
+  run: the same checks an allowed call passes, inline in one rule body, with no
+  reasons, no obligations and no second formulation (`FLOOR` in this script; it
+  allows the same demo call, checked in each run). Execute now evaluates each check
+  once: allow and the reasons come from one set of failing checks (the called tool's
+  compose checks, looked up in the entries of the `_admits` table that compose
+  reads, and the call-time checks' `_failed`), where it used to require the
+  positive checks and then evaluate every reason rule. In `opa bench --benchmem`
+  runs made while changing it, that took an allowed demo call from 1,017
+  allocations to 738 (the floor: 228; a query of one constant: 65), and the ratio
+  to the floor from about 4x to 2.5-3.5x, moving with the machine's load. The rest
+  is the price of writing each compose check once: its entries are a comprehension
+  over the input, built whole for the called tool (about 265 allocations for the
+  six checks, against about 60 for the floor's direct lookups, which read the
+  tool's contract: a second formulation of every check, the one issue 18 removed),
+  and each call-time check is its own rule body. One partial set of entries in
+  place of the table measured within 5% of it.
 - **CPU per call.** The table's CPU columns show where an authorised call's time
   goes: OPA's own CPU (HTTP, input parsing, evaluation, decision logging) is most
   of it. `PolicyClient`'s Python now costs about what the raw POST's does: answers
@@ -925,14 +927,15 @@ def main() -> int:
         "≤ 10x",
         scaling <= 10,
     )
+    over_floor = calls.opa_demo_execute_ms / calls.opa_floor_ms
     goal(
-        "execute, OPA evaluation (opa bench, demo catalogue)",
-        calls.opa_demo_execute_ms,
-        f"{calls.opa_demo_execute_ms * 1000:.1f} µs (the floor of its checks in one rule "
-        f"body: {calls.opa_floor_ms * 1000:.1f} µs; a query of one constant: "
-        f"{calls.opa_constant_ms * 1000:.1f} µs)",
-        "≤ 60 µs",
-        calls.opa_demo_execute_ms * 1000 <= 60,
+        "execute, OPA evaluation against the floor of its checks (opa bench, demo catalogue)",
+        over_floor,
+        f"{over_floor:.2f}x ({calls.opa_demo_execute_ms * 1000:.1f} µs against the floor's "
+        f"{calls.opa_floor_ms * 1000:.1f} µs, its checks in one rule body; a query of one "
+        f"constant: {calls.opa_constant_ms * 1000:.1f} µs)",
+        "≤ 1.5x",
+        over_floor <= 1.5,
     )
     flat = flat_10k / flat_100
     goal(
@@ -1027,7 +1030,8 @@ def main() -> int:
             "# Benchmarks",
             "",
             "Written by `make bench` (`benchmarks/compose_scaling.py`): every goal of",
-            "issue 9, measured in one run on a shared, noisy machine.",
+            "issue 9, measured in one run on a shared, noisy machine (execute's evaluation",
+            "against the floor of its checks, as issue 18 put that goal).",
             "",
             f"Machine: {where}.",
             f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The policy gate, in order: format, strict compile, capabilities, lint, tests with
-# coverage. Any failure stops the gate with a non-zero status.
+# The policy gate, in order: format, strict compile, input schemas, capabilities,
+# lint, tests with coverage. Any failure stops the gate with a non-zero status.
 #
 # It covers everything under POLICIES_DIR: capgate's decisions (capgate/) and the
 # deployment's system policies (system/authz: who may use OPA's API; system/log: what
@@ -9,19 +9,19 @@
 # guard OPA itself, must be covered in full.
 #
 # usage: scripts/policy-gate.sh [--only STEP] [POLICIES_DIR]
-#   STEP: fmt, check, capabilities, regal or test (test includes coverage); the
+#   STEP: fmt, check, schema, capabilities, regal or test (test includes coverage); the
 #   default runs them all. POLICIES_DIR defaults to policies/ (the tests run
 #   `--only capabilities` on a copy with a policy added).
 set -euo pipefail
 
 only=""
 if [ "${1:-}" = "--only" ]; then
-  only="${2:?--only needs a step: fmt, check, capabilities, regal or test}"
+  only="${2:?--only needs a step: fmt, check, schema, capabilities, regal or test}"
   shift 2
 fi
 case "$only" in
-  "" | fmt | check | capabilities | regal | test) ;;
-  *) echo "policy-gate: unknown step '$only' (fmt, check, capabilities, regal, test)" >&2; exit 2 ;;
+  "" | fmt | check | schema | capabilities | regal | test) ;;
+  *) echo "policy-gate: unknown step '$only' (fmt, check, schema, capabilities, regal, test)" >&2; exit 2 ;;
 esac
 step() { [ -z "$only" ] || [ "$only" = "$1" ]; }
 
@@ -48,6 +48,19 @@ fi
 if step check; then
   echo "policy-gate: opa check --strict"
   "$opa" check --strict "$policies"
+fi
+
+# Input schemas: every policy is type-checked against the JSON Schema of the input it
+# is asked with, generated here from the gateway's pydantic models (the one definition
+# of what the gateway sends; scripts/input-schemas.py), never committed. The packages
+# name theirs in their METADATA (schemas: - input: schema.execute), so a policy that
+# reads an input field no model has, or reads it as another type, fails here, and so
+# does a model change that leaves a policy reading what is no longer sent.
+if step schema; then
+  echo "policy-gate: opa check --strict --schema (inputs from the gateway's models)"
+  python="${CAPGATE_PYTHON:-.venv/bin/python}"
+  "$python" scripts/input-schemas.py "$work/schemas"
+  "$opa" check --strict --schema "$work/schemas" "$policies"
 fi
 
 # Capabilities: which builtins a policy may call. The policies are capgate's security

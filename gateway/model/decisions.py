@@ -168,6 +168,9 @@ class ToolExplanation(_Decision):
 class ComposeExplanation(_Provenance):
     """Answer of ``capgate/explain/compose``: every tool, check by check."""
 
+    #: The message template of every compose reason code, as the policies declare it:
+    #: what :mod:`capgate.gateway.model.reasons` renders the reasons from.
+    templates: dict[str, str]
     tools: dict[str, ToolExplanation]
 
     @property

@@ -106,7 +106,8 @@ class FakeOPA:
 
         tools = {name: tool(True) for name in answer.get("visible", [])}
         tools.update({name: tool(False) for name in answer.get("excluded", {})})
-        return {"catalogue_digest": DIGEST, "tools": tools}
+        templates = {"role_not_granted": "tool {tool} is not granted to role {role}"}
+        return {"catalogue_digest": DIGEST, "templates": templates, "tools": tools}
 
     def close(self) -> None:
         self.server.shutdown()

@@ -87,7 +87,7 @@ def test_explain_and_reason_surfaces_are_pinned():
     from capgate.gateway.model import decisions, reasons
     from capgate.gateway.policy import client
 
-    assert set(reasons.__all__) == {"TEMPLATES", "compose_reasons", "render", "with_reasons"}
+    assert set(reasons.__all__) == {"compose_reasons", "render", "with_reasons"}
     assert {"Check", "ComposeExplanation", "ExecuteExplanation", "ToolExplanation"} <= set(
         decisions.__all__
     )

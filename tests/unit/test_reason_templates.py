@@ -1,67 +1,103 @@
-"""Compose's message templates: the code and docs/reason-codes.md say the same.
+"""Message templates: declared once, documented from the declarations, rendered alike.
 
-``capgate.gateway.model.reasons.TEMPLATES`` renders the messages of compose's reason codes;
-the "Message templates" table of ``docs/reason-codes.md`` documents them. Both ways:
-every template is documented word for word, every documented one is in the code,
-and every compose code (the ``capgate.visibility`` METADATA) has one.
+Each code's title and templates are declared by its check, in the policies
+(:mod:`capgate.gateway.opa.declarations` reads them). The table of
+``docs/reason-codes.md`` is written from them (``scripts/reason-codes.py``), and the
+gateway renders compose's reasons from the templates explain's answer carries
+(``ComposeExplanation.templates``), never from a copy of its own; these tests fail
+when the page drifts, and pin how a template is filled.
+``tests/integration/test_explain_policy.py`` holds the gateway's rendering to
+execute's, made in Rego from the same templates.
 """
 
 from __future__ import annotations
 
-import re
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.model import reasons
 from capgate.gateway.model.decisions import ComposeDecision, ComposeExplanation
-from capgate.gateway.model.reasons import TEMPLATES, compose_reasons, render, with_reasons
+from capgate.gateway.model.reasons import compose_reasons, render, with_reasons
+from capgate.gateway.opa.declarations import declared_checks, markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reason-codes.md"
-VISIBILITY = REPO / "policies" / "capgate" / "visibility" / "visibility.rego"
 DIGEST = "sha256:" + "ab" * 32
 
 
-def documented_templates() -> dict[str, str]:
+def _script() -> ModuleType:
+    path = REPO / "scripts" / "reason-codes.py"
+    spec = importlib.util.spec_from_file_location("reason_codes", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: compose's templates as the policies declare them, the ones explain carries.
+TEMPLATES = {
+    code.code: code.message
+    for check in declared_checks(REPO / "policies")
+    if check.package == "capgate.visibility"
+    for code in check.codes
+    if code.message is not None
+}
+
+
+def test_the_documented_table_is_the_one_the_declarations_give():
+    script = _script()
     text = DOC.read_text(encoding="utf-8")
-    section = text.split("\n## Message templates\n", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\|\s*`([a-z_]+)`\s*\|\s*`([^`]+)`\s*\|$", section, re.M)
-    return dict(rows)
+    assert script.with_table(text, markdown_table(REPO / "policies")) == text, (
+        "docs/reason-codes.md is out of date: run .venv/bin/python scripts/reason-codes.py"
+    )
 
 
-def compose_codes() -> set[str]:
-    text = VISIBILITY.read_text(encoding="utf-8")
-    head = text.split("package capgate.visibility", 1)[0]
-    return set(re.findall(r"^#\s+- ([a-z_]+)$", head, re.M))
+def test_the_table_writer_replaces_only_between_its_markers():
+    script = _script()
+    page = f"head\n{script.BEGIN}\nold\n{script.END}\ntail\n"
+    written = script.with_table(page, "| new |\n")
+    assert written == f"head\n{script.BEGIN}\n| new |\n{script.END}\ntail\n"
 
 
-def test_every_template_is_documented_and_every_documented_one_is_in_the_code():
-    assert documented_templates() == dict(TEMPLATES)
-
-
-def test_every_compose_code_has_a_template():
-    assert compose_codes() == set(TEMPLATES)
+def test_every_compose_code_declares_one_template():
+    compose = [c for c in declared_checks(REPO / "policies") if c.package == "capgate.visibility"]
+    assert [c.check for c in compose] == [
+        "role", "task", "connection", "environment", "budget", "quarantine",
+    ]  # fmt: skip
+    assert all(code.message is not None for check in compose for code in check.codes)
     assert len(TEMPLATES) == 8
 
 
+def test_the_gateway_keeps_no_templates_of_its_own():
+    assert not hasattr(reasons, "TEMPLATES")
+    source = Path(reasons.__file__).read_text(encoding="utf-8")
+    assert not [template for template in TEMPLATES.values() if template in source]
+
+
 def test_render_fills_tool_and_facts_as_json():
-    assert render("role_not_granted", "quote.send", {"role": "support"}) == (
+    assert render(TEMPLATES, "role_not_granted", "quote.send", {"role": "support"}) == (
         'tool "quote.send" is not granted to role "support"'
     )
-    assert render("not_needed_by_task", "a", {"task_type": "t", "needs": ["b", "c"]}) == (
-        'tool "a" is not offered by task type "t" with task.needs ["b","c"]'
-    )
-    assert render("connection_revoked", "a", {"alias": "crm", "status": None}) == (
+    assert render(
+        TEMPLATES, "not_needed_by_task", "a", {"task_type": "t", "needs": ["b", "c"]}
+    ) == ('tool "a" is not offered by task type "t" with task.needs ["b","c"]')
+    assert render(TEMPLATES, "connection_revoked", "a", {"alias": "crm", "status": None}) == (
         'tool "a" needs connection "crm", whose status is null, not active'
     )
 
 
 def test_render_shows_a_missing_fact_as_null_and_an_unknown_code_plainly():
-    assert render("environment_restricted", "a", {}) == (
+    assert render(TEMPLATES, "environment_restricted", "a", {}) == (
         'tool "a" is not available in environment null'
     )
-    assert render("brand_new_code", "a", {"x": 1}) == 'tool "a" is hidden: brand_new_code'
+    assert (
+        render(TEMPLATES, "brand_new_code", "a", {"x": 1}) == 'tool "a" is hidden: brand_new_code'
+    )
 
 
 def _check(name: str, code: str | None, **facts: object) -> dict[str, object]:
@@ -72,6 +108,7 @@ def _explanation(**tools: list[dict[str, object]]) -> ComposeExplanation:
     return ComposeExplanation.model_validate(
         {
             "catalogue_digest": DIGEST,
+            "templates": TEMPLATES,
             "tools": {
                 name: {"visible": all(c["pass"] for c in checks), "checks": checks}
                 for name, checks in tools.items()
@@ -142,4 +179,25 @@ def test_with_reasons_refuses_an_explanation_that_disagrees(decision: ComposeDec
 )
 def test_an_explanation_whose_verdict_is_not_its_checks_is_refused(tool: dict[str, object]):
     with pytest.raises(ValueError, match="check"):
-        ComposeExplanation.model_validate({"catalogue_digest": DIGEST, "tools": {"t": tool}})
+        ComposeExplanation.model_validate(
+            {"catalogue_digest": DIGEST, "templates": {}, "tools": {"t": tool}}
+        )
+
+
+def test_reasons_are_rendered_from_the_templates_the_explanation_carries():
+    # Another policy's wording reaches people as that policy words it.
+    explanation = ComposeExplanation.model_validate(
+        {
+            **EXPLANATION.model_dump(by_alias=True),
+            "templates": {"role_not_granted": "role {role} may not use {tool}"},
+        }
+    )
+    assert [(r.code, r.message) for r in compose_reasons(explanation)["hidden"]] == [
+        ("role_not_granted", 'role "support" may not use "hidden"'),
+        ("budget_class_exceeded", 'tool "hidden" is hidden: budget_class_exceeded'),
+    ]
+
+
+def test_an_explanation_without_templates_is_refused():
+    with pytest.raises(ValueError, match="templates"):
+        ComposeExplanation.model_validate({"catalogue_digest": DIGEST, "tools": {}})

@@ -40,7 +40,7 @@ from capgate.gateway.opa.policies import checkout_root
 __all__ = ["STEPS", "gate_command", "register", "snapshot"]
 
 #: The steps ``scripts/policy-gate.sh --only`` accepts.
-STEPS: Final = ("fmt", "check", "capabilities", "regal", "test")
+STEPS: Final = ("fmt", "check", "schema", "capabilities", "regal", "test")
 
 _EXITS: Final = (
     (EXIT_OK, "the gate passed (with --watch --runs N: its last run passed)"),
@@ -165,8 +165,8 @@ def register(sub: Actions) -> None:
         "policy-test",
         help=help,
         description=help
-        + ": opa fmt, opa check --strict, capabilities, regal, opa test with coverage "
-        "(docs/policy-authoring.md)",
+        + ": opa fmt, opa check --strict, input schemas, capabilities, regal, opa test with "
+        "coverage (docs/policy-authoring.md)",
         epilog=exit_codes(_EXITS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -6,6 +6,8 @@
 #   the visible names and nothing more: why each other tool is hidden is for people
 #   and audits, and capgate.explain answers it on request. Query
 #   data.capgate.compose.decision.
+# schemas:
+#   - input: schema.compose
 package capgate.compose
 
 import data.capgate.provenance

@@ -1,166 +1,332 @@
-# Every check execute makes of a call, one entry per check, for capgate.explain: the
-# same conditions that allow requires, with the code each gives when it fails and
-# the facts it read. Part of package capgate.execute; its reasons are listed in
-# execute.rego, with every other.
+# The call-time checks: each declared once and written once, here. A check is its
+# declaration (an entry of the METADATA of declared: its title, the facts it reads,
+# the codes it gives with their titles and message templates), the conditions under
+# which it fails (_failed), the facts it reports (_call_facts) and, when it gives
+# several codes or messages, which (_call_code, _call_case). execute.rego derives
+# from these alone the allow, the reasons and explain's checks, all from one
+# evaluation of _failed. Part of package capgate.execute.
 package capgate.execute
 
-import data.capgate.visibility
-
 # METADATA
-# title: Every check of the call
+# title: The call-time checks, declared
 # description: |
-#   [{"check", "pass", "code", "facts"}, ...]: for a tool the catalogue lacks, only
-#   the tool check (unknown_tool); else the tool check, the tool's compose checks
-#   (capgate.visibility.checks) and the call-time checks (version, stage, approval,
-#   approval_expiry, approval_use, proposal, budget_units, evidence, subject,
-#   operation_id). Each passes exactly when the condition allow requires of it holds,
-#   so allow is true only when every check passes. code is null exactly when the
-#   check passes. capgate.explain.execute answers with it.
+#   Every call-time check, in the order explain reports them after the tool's
+#   compose checks. Each names the facts it reads and the codes it gives, each code
+#   with its title and its message template ({tool} is the called tool, every other
+#   {name} a fact, as compact JSON); a code with several messages names them by
+#   case, and a code with `each` gives one reason for each element of that fact.
 # custom:
-#   reason_codes:
-#     - unknown_tool
-#     - version_mismatch
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
-#     - stage_invalid
-#     - review_required
-#     - approval_required
-#     - approval_mismatch
-#     - approval_expired
-#     - approval_used
-#     - proposal_not_approved
-#     - budget_exhausted
-#     - evidence_missing
-#     - subject_out_of_scope
-#     - operation_id_missing
-checks := [_unknown_tool_check] if {
-	not _is_known_tool
-} else := array.concat(
-	array.concat([_tool_check], visibility.checks(_name)),
-	[_call_check(check, code, facts) | some [check, code, facts] in _call_checks],
-)
+#   checks:
+#     - check: version
+#       title: Version
+#       description: The call names the catalogue's version of the tool.
+#       facts: [call_version, contract_version]
+#       codes:
+#         version_mismatch:
+#           title: Version mismatch
+#           message: >-
+#             the call names version {call_version} of tool {tool} but the catalogue
+#             has version {contract_version}
+#     - check: stage
+#       title: Stage
+#       description: A tool that needs no review is called; one that needs review is proposed, then dispatched.
+#       facts: [stage, needs_review]
+#       codes:
+#         stage_invalid:
+#           title: Stage invalid
+#           messages:
+#             unknown: the call's stage {stage} is not one of "call", "propose" and "dispatch"
+#             exempt: tool {tool} needs no review, so it is called (stage "call"), never at stage {stage}
+#         review_required:
+#           title: Review required
+#           message: 'tool {tool} needs review: propose it (stage "propose"), then dispatch it'
+#     - check: approval
+#       title: Approval
+#       description: At dispatch, an approval is present and matches the contract and the call.
+#       facts: [present, kind, mismatches]
+#       codes:
+#         approval_required:
+#           title: Approval required
+#           message: tool {tool} needs an approval of kind {kind} and the call carries none
+#         approval_mismatch:
+#           title: Approval mismatch
+#           message: 'the approval does not match the contract and the call in: {mismatches}'
+#     - check: approval_expiry
+#       title: Approval expiry
+#       description: At dispatch, the approval expires later than OPA's clock.
+#       facts: [expires_at]
+#       codes:
+#         approval_expired:
+#           title: Approval expired
+#           message: the approval's expiry {expires_at} is not an RFC 3339 time later than now
+#     - check: approval_use
+#       title: Approval use
+#       description: At dispatch, the approval has not been used.
+#       facts: [used]
+#       codes:
+#         approval_used:
+#           title: Approval used
+#           message: 'the approval''s used is {used}, not false: an approval allows one dispatch only'
+#     - check: proposal
+#       title: Proposal
+#       description: At dispatch, the proposal is approved, or dispatched and continued.
+#       facts: [id, status]
+#       codes:
+#         proposal_not_approved:
+#           title: Proposal not approved
+#           message: >-
+#             proposal {id} has status {status}: only an "approved" proposal is
+#             dispatched, or a "dispatched" one continued after an unknown or
+#             retryable outcome
+#     - check: budget_units
+#       title: Budget units
+#       description: When something runs, the budget reserves the contract's cost and has that many units left.
+#       facts: [remaining, reserved, cost, operation_status]
+#       codes:
+#         budget_exhausted:
+#           title: Budget exhausted
+#           messages:
+#             cost: the contract of tool {tool} has no cost in whole units, 0 or more
+#             reserved: the call reserved {reserved} units of budget and tool {tool} costs {cost}
+#             remaining: the budget's remaining units {remaining} are neither null nor a whole number
+#             short: the budget has {remaining} units left and tool {tool} costs {cost}
+#     - check: evidence
+#       title: Evidence
+#       description: The call brings every evidence name the contract requires.
+#       facts: [required, missing]
+#       codes:
+#         evidence_missing:
+#           title: Evidence missing
+#           each: missing
+#           messages:
+#             missing: tool {tool} requires evidence {missing}, which the call does not bring
+#             malformed: the contract of tool {tool} has no valid list of required evidence
+#     - check: subject
+#       title: Subject
+#       description: A tool with a subject type acts only on a subject of that type linked to the task.
+#       facts: [subject_type, subject]
+#       codes:
+#         subject_out_of_scope:
+#           title: Subject out of scope
+#           message: >-
+#             tool {tool} acts only on a {subject_type} linked to the task, and the
+#             call's subject {subject} is not one
+#     - check: operation_id
+#       title: Operation id
+#       description: A tool that takes an idempotency key is called with an operation id.
+#       facts: [idempotency, operation_id]
+#       codes:
+#         operation_id_missing:
+#           title: Operation id missing
+#           message: tool {tool} takes an idempotency key and the call has no operation_id
+declared := rego.metadata.rule().custom.checks
 
-_unknown_tool_check := {"check": "tool", "pass": false, "code": "unknown_tool", "facts": {"tool": _name}}
+# Each check fails when one of its _failed conditions holds, and passes otherwise.
+# A condition negates only a comparison or a rule: OPA evaluates a reference inside
+# another (a key in brackets) or passed to a call outside the `not`, so a missing
+# value there would leave the condition undefined instead of true, and the check
+# passing; such a value is read through a rule with a default (_stage) or bound
+# first. A condition that applies at one stage compares input.stage with it first,
+# so that OPA's rule index skips it at every other stage. A check may fail quietly
+# (_quiet): it denies, explain shows it, and another check's reason says why.
 
-_tool_check := {"check": "tool", "pass": true, "code": null, "facts": {"tool": _name}}
+# version_mismatch
 
-_call_check(check, _, facts) := {"check": check, "pass": true, "code": null, "facts": facts} if {
-	not check in _failed
+_failed contains "version" if not input.call.version == _contract.version
+
+_failed contains "version" if {
+	version := input.call.version
+	not is_number(version)
 }
 
-_call_check(check, code, facts) := {"check": check, "pass": false, "code": code, "facts": facts} if {
-	check in _failed
+_call_facts["version"] := {
+	"call_version": object.get(_call, "version", null),
+	"contract_version": object.get(_contract, "version", null),
 }
 
-# Each call-time check: its name, its code when it fails and the facts it read.
-_call_checks := [
-	["version", "version_mismatch", {
-		"call_version": object.get(_call, "version", null),
-		"contract_version": object.get(_contract, "version", null),
-	}],
-	["stage", _stage_code, {"stage": _stage, "needs_review": _needs_review_fact}],
-	["approval", _approval_code, {
-		"present": _has_approval_fact,
-		"mismatches": sort(_approval_mismatches),
-	}],
-	["approval_expiry", "approval_expired", {"expires_at": object.get(_approval_fact, "expires_at", null)}],
-	["approval_use", "approval_used", {"used": object.get(_approval_fact, "used", null)}],
-	["proposal", "proposal_not_approved", {
-		"id": object.get(_proposal, "id", null),
-		"status": object.get(_proposal, "status", null),
-	}],
-	["budget_units", "budget_exhausted", {
-		"remaining": object.get(_budget, "remaining", null),
-		"reserved": object.get(_budget, "cost", null),
-		"cost": object.get(_contract, "cost", null),
-		"operation_status": _operation_status,
-	}],
-	["evidence", "evidence_missing", {
-		"required": object.get(_contract, "requires", null),
-		"missing": sort(_missing_evidence),
-	}],
-	["subject", "subject_out_of_scope", {
-		"subject_type": object.get(_contract, "subject_type", null),
-		"subject": object.get(_call, "subject", null),
-	}],
-	["operation_id", "operation_id_missing", {
-		"idempotency": object.get(_contract, "idempotency", null),
-		"operation_id": object.get(_call, "operation_id", null),
-	}],
-]
+# stage_invalid, review_required. A tool needs review (ToolContract.needs_review)
+# when its mode is propose_write or its approval is anything but "none". Read in
+# the safe direction: only a contract with approval "none" and mode read or write is
+# exempt, so a missing approval, and a missing or unknown mode, need review.
 
-# The call-time checks that fail: each one's condition is the one allow requires.
-_failed contains "version" if not _version_matches
-
-_failed contains "stage" if not _stage_fits
-
-_failed contains "approval" if not _is_approval_given
-
-_failed contains "approval_expiry" if not _is_approval_fresh
-
-_failed contains "approval_use" if not _is_approval_spare
-
-_failed contains "proposal" if not _proposal_satisfied
-
-_failed contains "budget_units" if not _budget_satisfied
-
-_failed contains "evidence" if not _evidence_complete
-
-_failed contains "subject" if not _subject_in_scope
-
-_failed contains "operation_id" if not _has_idempotency_key
-
-# _approval_satisfied, split into the three checks explain reports: each passes at
-# stages "call" and "propose", and at "dispatch" the three together are exactly
-# _approval_satisfied.
-_is_approval_given if _stage in {"call", "propose"}
-
-_is_approval_given if {
-	_has_approval
-	count(_approval_mismatches) == 0
+_failed contains "stage" if {
+	input.stage == "call"
+	_needs_review
 }
 
-_is_approval_fresh if _stage in {"call", "propose"}
+_failed contains "stage" if {
+	input.stage == "propose"
+	not _needs_review
+}
 
-_is_approval_fresh if not _has_approval
+_failed contains "stage" if {
+	input.stage == "dispatch"
+	not _needs_review
+}
 
-_is_approval_fresh if _is_approval_unexpired
+_failed contains "stage" if not _stage in _stages
 
-_is_approval_spare if _stage in {"call", "propose"}
+_needs_review if not _contract.approval == "none"
 
-_is_approval_spare if not _has_approval
+_needs_review if {
+	mode := object.get(_contract, "mode", null)
+	not mode in {"read", "write"}
+}
 
-_is_approval_spare if _is_approval_unused
+_call_facts["stage"] := {"stage": _stage, "needs_review": _needs_review_fact}
 
-default _approval_code := "approval_required"
+default _call_code["stage"] := "stage_invalid"
 
-_approval_code := "approval_mismatch" if _has_approval
-
-default _stage_code := "stage_invalid"
-
-_stage_code := "review_required" if {
+_call_code["stage"] := "review_required" if {
 	_stage == "call"
 	_needs_review
 }
 
-default _needs_review_fact := false
+default _call_case["stage"] := "exempt"
 
-_needs_review_fact if _needs_review
+_call_case["stage"] := "unknown" if not _stage in _stages
 
-default _has_approval_fact := false
+# approval_required, approval_mismatch, approval_expired, approval_used and
+# proposal_not_approved: checked when a call is dispatched, and only then (a call
+# needs no approval, a proposal has none yet); together, the approval the dispatch
+# of a reviewed proposal needs. At the dispatch of a tool that needs no review they
+# fail quietly: stage_invalid says why.
 
-_has_approval_fact if _has_approval
+_failed contains "approval" if {
+	input.stage == "dispatch"
+	not _is_approval_matching
+}
 
-default _operation_status := null
+_is_approval_matching if {
+	_has_approval
+	count(_approval_mismatches) == 0
+}
 
-_operation_status := input.operation.status
+_call_facts["approval"] := {
+	"present": _has_approval_fact,
+	"kind": object.get(_contract, "approval", null),
+	"mismatches": sort(_approval_mismatches),
+}
 
-default _approval_fact := {}
+default _call_code["approval"] := "approval_required"
 
-_approval_fact := input.approval if _has_approval
+_call_code["approval"] := "approval_mismatch" if _has_approval
+
+_quiet contains "approval" if not _needs_review
+
+_failed contains "approval_expiry" if {
+	input.stage == "dispatch"
+	_has_approval
+	not _is_approval_unexpired
+}
+
+_call_facts["approval_expiry"] := {"expires_at": object.get(_approval_fact, "expires_at", null)}
+
+_quiet contains "approval_expiry" if not _needs_review
+
+# An approval allows one dispatch: the gateway marks it used when it dispatches.
+# Exactly false: true, a missing value or any other value reads as used.
+_failed contains "approval_use" if {
+	input.stage == "dispatch"
+	_has_approval
+	not input.approval.used == false
+}
+
+_call_facts["approval_use"] := {"used": object.get(_approval_fact, "used", null)}
+
+_quiet contains "approval_use" if not _needs_review
+
+_failed contains "proposal" if {
+	input.stage == "dispatch"
+	not _is_proposal_approved
+}
+
+_call_facts["proposal"] := {
+	"id": object.get(_proposal, "id", null),
+	"status": object.get(_proposal, "status", null),
+}
+
+_quiet contains "proposal" if not _needs_review
+
+# budget_exhausted: checked when something runs, at "call" and "dispatch"
+# (life_cycle.rego: what fits).
+
+_failed contains "budget_units" if {
+	input.stage == "call"
+	not _budget_fits
+	not _is_charge_held
+}
+
+_failed contains "budget_units" if {
+	input.stage == "dispatch"
+	not _budget_fits
+	not _is_charge_held
+}
+
+_call_facts["budget_units"] := {
+	"remaining": object.get(_budget, "remaining", null),
+	"reserved": object.get(_budget, "cost", null),
+	"cost": object.get(_contract, "cost", null),
+	"operation_status": _operation_status,
+}
+
+# The message names the first fault: the contract's cost, then the amount reserved,
+# then the remaining units (by then not null, since a null remaining fits), then
+# too few of them.
+default _call_case["budget_units"] := "short"
+
+_call_case["budget_units"] := "cost" if {
+	not _has_cost
+} else := "reserved" if {
+	not _is_budget_reserved
+} else := "remaining" if {
+	not _has_whole_remaining
+}
+
+# evidence_missing: one reason per required name the call does not bring; a
+# contract whose requires is not a list is itself missing evidence.
+
+_failed contains "evidence" if {
+	requires := object.get(_contract, "requires", null)
+	not is_array(requires)
+}
+
+_failed contains "evidence" if {
+	some required in _contract.requires
+	not required in _evidence
+}
+
+_call_facts["evidence"] := {
+	"required": object.get(_contract, "requires", null),
+	"missing": sort(_missing_evidence),
+}
+
+default _call_case["evidence"] := "malformed"
+
+_call_case["evidence"] := "missing" if is_array(_contract.requires)
+
+# subject_out_of_scope: a tool with a subject_type (a missing one counts as set)
+# acts only on a subject of that type that is one of the task's linked resources.
+
+_failed contains "subject" if {
+	not _contract.subject_type == null
+	not _is_subject_linked
+}
+
+_call_facts["subject"] := {
+	"subject_type": object.get(_contract, "subject_type", null),
+	"subject": object.get(_call, "subject", null),
+}
+
+# operation_id_missing: the pass_idempotency_key obligation needs the operation id,
+# and an allow without a usable key must not happen.
+
+_failed contains "operation_id" if {
+	_contract.idempotency == "idempotent_with_key"
+	not _has_operation_id
+}
+
+_call_facts["operation_id"] := {
+	"idempotency": object.get(_contract, "idempotency", null),
+	"operation_id": object.get(_call, "operation_id", null),
+}

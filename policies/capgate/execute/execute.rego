@@ -7,35 +7,15 @@
 #   call-time check that applies at the stage: a tool that needs no review is called
 #   ("call"); one that does is proposed ("propose", nothing runs) and, once a person
 #   approved it, dispatched ("dispatch") under the facts of that moment. Query
-#   data.capgate.execute.decision.
-# custom:
-#   reason_codes:
-#     - unknown_tool
-#     - version_mismatch
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
-#     - stage_invalid
-#     - review_required
-#     - approval_required
-#     - approval_mismatch
-#     - approval_expired
-#     - approval_used
-#     - proposal_not_approved
-#     - budget_exhausted
-#     - evidence_missing
-#     - subject_out_of_scope
-#     - operation_id_missing
-#   obligation_codes:
-#     - pass_idempotency_key
+#   data.capgate.execute.decision. The compose checks are declared in
+#   capgate.visibility, the call-time checks in declared (checks.rego), each with
+#   its codes and message templates.
+# schemas:
+#   - input: schema.execute
 package capgate.execute
 
 import data.capgate.provenance
+import data.capgate.reasons as rendering
 import data.capgate.visibility
 
 # METADATA
@@ -48,31 +28,6 @@ import data.capgate.visibility
 #   catalogue_digest is the digest of the catalogue the decision was made under
 #   (capgate.provenance), which the client checks.
 # entrypoint: true
-# custom:
-#   reason_codes:
-#     - unknown_tool
-#     - version_mismatch
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
-#     - stage_invalid
-#     - review_required
-#     - approval_required
-#     - approval_mismatch
-#     - approval_expired
-#     - approval_used
-#     - proposal_not_approved
-#     - budget_exhausted
-#     - evidence_missing
-#     - subject_out_of_scope
-#     - operation_id_missing
-#   obligation_codes:
-#     - pass_idempotency_key
 decision := {
 	"allow": allow,
 	"reasons": reasons,
@@ -80,165 +35,99 @@ decision := {
 	"catalogue_digest": provenance.catalogue_digest,
 }
 
+# METADATA
+# scope: document
+# title: Allow
+# description: |
+#   True only for a tool the catalogue knows that passes every compose check and
+#   every call-time check. The checks are evaluated once: allow and the reasons both
+#   come from the tool's compose checks (visibility.called_passes, and
+#   called_failed_checks) and the call-time checks that fail (_failed), and every
+#   reason blocks an allow, so one that failed to render never turns into one.
 default allow := false
 
-# Every check is granted positively here as well as having no reason against it, so
-# a reason that failed to render can never turn into an allow.
 allow if {
 	_is_known_tool
-	count(visibility.called_failed_checks) == 0
-	_version_matches
-	_stage_fits
-	_approval_satisfied
-	_proposal_satisfied
-	_budget_satisfied
-	_evidence_complete
-	_subject_in_scope
-	_has_idempotency_key
+	visibility.called_passes
+	count(_failed) == 0
 	count(reasons) == 0
 }
 
+# METADATA
+# title: Obligations
+# description: |
+#   What the dispatcher must do when it carries out an allow, declared here. Only an
+#   allow at stage "call" or "dispatch" carries any: nothing runs at "propose".
+# custom:
+#   obligations:
+#     pass_idempotency_key:
+#       title: Pass the idempotency key
+#       params: [key]
 obligations contains {"code": "pass_idempotency_key", "params": {"key": input.call.operation_id}} if {
-	_needs_idempotency_key
+	_contract.idempotency == "idempotent_with_key"
 	allow
 	input.stage in _running_stages
 }
 
-# Reasons. unknown_tool stands alone: nothing else is derived for a tool the
-# catalogue does not know. Each other reason first asks whether its check failed
-# (the rule allow requires, or the compose checks' failed set), the cheapest way out
-# on an allowed call; the rest of its body decides the reason as before.
-
+# METADATA
+# scope: document
+# title: Reasons
+# description: |
+#   {"code", "message"} for every failing check: unknown_tool alone for a tool the
+#   catalogue does not know (nothing else is derived for it), else the reasons of
+#   the tool's failing compose checks and of every failing call-time check but a
+#   quiet one, each message the code's declared template filled with the check's
+#   facts.
 reasons contains {"code": "unknown_tool", "message": message} if {
 	not _is_known_tool
-	message := sprintf("tool %s is not in the catalogue", [_quote(_name)])
+	template := rendering.template(rendering.templates.unknown_tool, "call")
+	message := rendering.message(template, {"tool": _name})
 }
 
 # The compose checks, exactly as compose runs them.
-reasons contains reason if {
+reasons contains visibility.reason(check, _name) if {
+	not visibility.called_passes
 	_is_known_tool
 	some check in visibility.called_failed_checks
-	reason := visibility.reason(check, _name)
 }
 
-reasons contains {"code": "version_mismatch", "message": message} if {
-	not _version_matches
+reasons contains reason if {
 	_is_known_tool
-	message := sprintf("the call names version %s of tool %s but the catalogue has version %s", [
-		_quote(object.get(_call, "version", null)),
-		_quote(_name),
-		_quote(object.get(_contract, "version", null)),
-	])
+	some check in _failed
+	not check in _quiet
+	some reason in _call_reasons[check]
 }
 
-reasons contains {"code": "stage_invalid", "message": message} if {
-	not _stage_fits
-	_is_known_tool
-	not _stage in _stages
-	message := sprintf(`the call's stage %s is not one of "call", "propose" and "dispatch"`, [_quote(_stage)])
+# The reasons of a failing call-time check: its code, and the code's message (the
+# one for the check's case, when it has several) filled with the check's facts; one
+# for each element of the fact the code names under `each`, when that is a
+# non-empty list.
+_call_reasons[check] := {{"code": code, "message": rendering.message(template, values)} |
+	spec := _call_codes[code]
+	template := rendering.template(spec, object.get(_call_case, check, null))
+	facts := object.union(object.get(_call_facts, check, {}), {"tool": _name})
+	some values in rendering.each(object.get(spec, "each", null), facts)
+} if {
+	some check in _failed
+	code := _code_of[check]
 }
 
-reasons contains {"code": "stage_invalid", "message": message} if {
-	not _stage_fits
-	_stage in _review_stages
-	_is_known_tool
-	not _needs_review
-	message := sprintf(`tool %s needs no review, so it is called (stage "call"), never at stage %s`, [
-		_quote(_name),
-		_quote(_stage),
-	])
+_code_of[check] := _call_code[check] if some check in _failed
+
+_code_of[check] := _single_code[check] if {
+	some check in _failed
+	not _call_code[check]
 }
 
-reasons contains {"code": "review_required", "message": message} if {
-	not _stage_fits
-	_stage == "call"
-	_needs_review
-	message := sprintf(`tool %s needs review: propose it (stage "propose"), then dispatch it`, [_quote(_name)])
+_call_codes[code] := spec if {
+	some declaration in declared
+	some code, spec in declaration.codes
 }
 
-reasons contains {"code": "approval_required", "message": message} if {
-	_is_reviewed_dispatch
-	not _has_approval
-	message := sprintf("tool %s needs an approval of kind %s and the call carries none", [
-		_quote(_name),
-		_quote(object.get(_contract, "approval", null)),
-	])
-}
-
-reasons contains {"code": "approval_mismatch", "message": message} if {
-	_is_reviewed_dispatch
-	_has_approval
-	count(_approval_mismatches) > 0
-	fields := concat(", ", sort(_approval_mismatches))
-	message := sprintf("the approval does not match the contract and the call in: %s", [fields])
-}
-
-reasons contains {"code": "approval_expired", "message": message} if {
-	_is_reviewed_dispatch
-	_has_approval
-	not _is_approval_unexpired
-	expires_at := _quote(object.get(input.approval, "expires_at", null))
-	message := sprintf("the approval's expiry %s is not an RFC 3339 time later than now", [expires_at])
-}
-
-# An approval allows one dispatch: the gateway marks it used when it dispatches.
-reasons contains {"code": "approval_used", "message": message} if {
-	_is_reviewed_dispatch
-	_has_approval
-	not _is_approval_unused
-	used := _quote(object.get(input.approval, "used", null))
-	message := sprintf("the approval's used is %s, not false: an approval allows one dispatch only", [used])
-}
-
-reasons contains {"code": "proposal_not_approved", "message": message} if {
-	_is_reviewed_dispatch
-	not _is_proposal_approved
-	message := sprintf(_proposal_format, [
-		_quote(object.get(_proposal, "id", null)),
-		_quote(object.get(_proposal, "status", null)),
-	])
-}
-
-reasons contains {"code": "budget_exhausted", "message": _budget_message} if {
-	not _budget_satisfied
-	_is_known_tool
-	_stage in _running_stages
-	not _budget_fits
-	not _is_charge_held
-}
-
-# One reason per required evidence name the call does not bring.
-reasons contains {"code": "evidence_missing", "message": message} if {
-	not _evidence_complete
-	_is_known_tool
-	some required in _missing_evidence
-	message := sprintf("tool %s requires evidence %s, which the call does not bring", [_quote(_name), _quote(required)])
-}
-
-# A contract whose requires is not a list is itself missing evidence.
-reasons contains {"code": "evidence_missing", "message": message} if {
-	not _evidence_complete
-	_is_known_tool
-	not _has_requires_list
-	message := sprintf("the contract of tool %s has no valid list of required evidence", [_quote(_name)])
-}
-
-reasons contains {"code": "subject_out_of_scope", "message": message} if {
-	not _subject_in_scope
-	_is_known_tool
-	message := sprintf("tool %s acts only on a %s linked to the task, and the call's subject %s is not one", [
-		_quote(_name),
-		_quote(object.get(_contract, "subject_type", null)),
-		_quote(object.get(_call, "subject", null)),
-	])
-}
-
-# The pass_idempotency_key obligation needs the operation id, and an allow without
-# a usable key must not happen.
-reasons contains {"code": "operation_id_missing", "message": message} if {
-	not _has_idempotency_key
-	_is_known_tool
-	message := sprintf("tool %s takes an idempotency key and the call has no operation_id", [_quote(_name)])
+_single_code[declaration.check] := code if {
+	some declaration in declared
+	count(declaration.codes) == 1
+	some code, _ in declaration.codes
 }
 
 # The call and its contract, normalised: a call that is not an object is {}, and a
@@ -261,40 +150,55 @@ _contract := contract if {
 
 _is_known_tool if is_object(_contract)
 
-_quote(value) := json.marshal(value)
+# METADATA
+# title: Every check of the call
+# description: |
+#   [{"check", "pass", "code", "facts"}, ...]: for a tool the catalogue lacks, only
+#   the tool check (unknown_tool); else the tool check, the tool's compose checks
+#   (capgate.visibility.checks) and the call-time checks in their declared order,
+#   each failing exactly when it is in the set of failing checks allow and the
+#   reasons come from. code is null exactly when the check passes.
+#   capgate.explain.execute answers with it.
+checks := [_tool_check(false)] if {
+	not _is_known_tool
+} else := array.concat(
+	array.concat([_tool_check(true)], visibility.checks(_name)),
+	[_call_check[declaration.check] | some declaration in declared],
+)
 
-# version_mismatch
+_tool_check(true) := {"check": "tool", "pass": true, "code": null, "facts": {"tool": _name}}
 
-# A lookup in input.call is undefined whenever one in _call is: read the call directly.
-_version_matches if {
-	is_number(input.call.version)
-	input.call.version == _contract.version
+_tool_check(false) := {"check": "tool", "pass": false, "code": "unknown_tool", "facts": {"tool": _name}}
+
+_call_check[check] := {"check": check, "pass": true, "code": null, "facts": _call_facts[check]} if {
+	some declaration in declared
+	check := declaration.check
+	not check in _failed
 }
 
-# approval_required, approval_mismatch, approval_expired, approval_used and
-# proposal_not_approved: checked when a tool that needs review is dispatched, and
-# only then. A call needs no approval (its tool needs no review, or review_required
-# denies it) and a proposal has none yet.
-
-_is_reviewed_dispatch if {
-	input.stage == "dispatch"
-	_needs_review
+_call_check[check] := {"check": check, "pass": false, "code": _code_of[check], "facts": _call_facts[check]} if {
+	some check in _failed
 }
+
+# Facts as the checks report them: a missing value is null.
+
+default _needs_review_fact := false
+
+_needs_review_fact if _needs_review
+
+default _has_approval_fact := false
+
+_has_approval_fact if _has_approval
+
+default _approval_fact := {}
+
+_approval_fact := input.approval if _has_approval
+
+default _operation_status := null
+
+_operation_status := input.operation.status
 
 _has_approval if is_object(input.approval)
-
-_approval_satisfied if input.stage in {"call", "propose"}
-
-_approval_satisfied if {
-	_stage == "dispatch"
-	_has_approval
-	count(_approval_mismatches) == 0
-	_is_approval_unexpired
-	_is_approval_unused
-}
-
-# Exactly false: true, a missing value or any other value reads as used.
-_is_approval_unused if input.approval.used == false
 
 _approval_mismatches contains "kind" if not _approval_kind_matches
 
@@ -348,41 +252,21 @@ _rfc3339_date_time := concat("", [
 	`([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`,
 ])
 
-# evidence_missing
-
+# The evidence the call brings, and the required names it lacks.
 _evidence contains name if {
 	is_array(input.evidence)
 	some name in input.evidence
 }
 
-# Negate this rule, never `is_array(_contract.requires)` itself: OPA evaluates a
-# call's reference arguments outside the `not`, so a missing field would leave the
-# negation undefined instead of true.
-_has_requires_list if is_array(_contract.requires)
-
 _missing_evidence contains required if {
-	_has_requires_list
+	is_array(_contract.requires)
 	some required in _contract.requires
 	not required in _evidence
 }
 
-# Exactly when _missing_evidence is empty, asked without building it: each required
-# name in turn, so a contract that requires nothing needs no look at the evidence.
-_evidence_complete if {
-	requires := _contract.requires
-	is_array(requires)
-	every required in requires {
-		required in _evidence
-	}
-}
-
-# subject_out_of_scope: a tool with a subject_type acts only on a subject of that
-# type that is one of the task's linked resources.
-
-_subject_in_scope if _contract.subject_type == null
-
-# Some linked resource, with a string type and id, is the call's subject.
-_subject_in_scope if {
+# Some linked resource, with a string type and id, is the call's subject, of the
+# contract's subject_type.
+_is_subject_linked if {
 	input.call.subject.type == _contract.subject_type
 	is_array(input.task.linked_resources)
 	some resource in input.task.linked_resources
@@ -392,13 +276,7 @@ _subject_in_scope if {
 	resource.id == input.call.subject.id
 }
 
-# operation_id_missing
-
-_needs_idempotency_key if _contract.idempotency == "idempotent_with_key"
-
-_has_idempotency_key if not _needs_idempotency_key
-
-_has_idempotency_key if {
+_has_operation_id if {
 	is_string(input.call.operation_id)
 	input.call.operation_id != ""
 }

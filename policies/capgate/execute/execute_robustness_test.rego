@@ -286,16 +286,14 @@ test_deny_null_approval_setting_is_not_matched_by_null_kind if {
 }
 
 # Only idempotent_with_key contracts carry the key obligation.
-test_allow_obligation_only_for_keyed_idempotency if {
-	every idempotency in ["idempotent", "not_idempotent"] {
-		tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"idempotency": idempotency})
-		catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
-		decision := execute.decision with input as fixtures_test.execute_input
-			with data.capgate.catalogue as catalogue
-			with time.now_ns as fixtures_test.now_ns
-		decision.allow == true
-		decision.obligations == set()
-	}
+test_allow_obligation_only_for_keyed_idempotency if every idempotency in ["idempotent", "not_idempotent"] {
+	tool := object.union(fixtures_test.catalogue.tools["quote.prepare_send"], {"idempotency": idempotency})
+	catalogue := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": tool}})
+	decision := execute.decision with input as fixtures_test.execute_input
+		with data.capgate.catalogue as catalogue
+		with time.now_ns as fixtures_test.now_ns
+	decision.allow == true
+	decision.obligations == set()
 }
 
 # The clock is OPA's: the same approval allows before its expiry and denies after.
@@ -310,9 +308,9 @@ test_deny_same_approval_after_expiry if {
 	fixtures_test.codes(after.reasons) == {"approval_expired"}
 }
 
-# allow needs both layers: the positive checks and an empty set of reasons. Each
+# allow needs both layers: no failing check and an empty set of reasons. Each
 # layer alone must deny, so a reason that failed to render never becomes an allow.
-test_deny_positive_checks_deny_without_reasons if {
+test_deny_failing_checks_deny_without_reasons if {
 	allowed := {note |
 		some note, case in _all_deny_cases
 		execute.allow with input as _facts(case)

@@ -385,7 +385,7 @@ test_deny_approval_mismatch_names_the_fields if {
 		with time.now_ns as fixtures_test.now_ns
 	decision.reasons == {{
 		"code": "approval_mismatch",
-		"message": "the approval does not match the contract and the call in: digest, kind",
+		"message": `the approval does not match the contract and the call in: ["digest","kind"]`,
 	}}
 }
 

@@ -17,14 +17,17 @@ import data.capgate.visibility
 # METADATA
 # title: Explain compose
 # description: |
-#   {"catalogue_digest": digest, "tools": {name: {"visible": bool, "checks": [...]}}}
-#   for every tool of the catalogue, each check {"check", "pass", "code", "facts"}
-#   with check one of role, task, connection, environment, budget, quarantine. A
-#   tool is visible exactly when every check passes and exactly when compose's
-#   decision lists it.
+#   {"catalogue_digest": digest, "templates": {code: template}, "tools": {name:
+#   {"visible": bool, "checks": [...]}}} for every tool of the catalogue, each check
+#   {"check", "pass", "code", "facts"} for each compose check capgate.visibility
+#   declares, in its declared order. A tool is visible exactly when every check
+#   passes and exactly when compose's decision lists it. templates are the declared
+#   message templates of the compose codes, which the gateway fills with each failing
+#   check's facts: the messages people read come from the policies that decided.
 # entrypoint: true
 compose := {
 	"catalogue_digest": provenance.catalogue_digest,
+	"templates": visibility.templates,
 	"tools": visibility.tool_checks,
 }
 

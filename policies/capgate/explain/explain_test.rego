@@ -4,6 +4,7 @@ import data.capgate.compose
 import data.capgate.execute
 import data.capgate.explain
 import data.capgate.fixtures_test
+import data.capgate.visibility
 
 _compose_checks := ["role", "task", "connection", "environment", "budget", "quarantine"]
 
@@ -130,14 +131,12 @@ _compose_inputs := [
 ]
 
 # The verdict of explain is compose's, and is every check passing, on every facts.
-test_allow_compose_verdict_is_the_decisions if {
-	every facts in _compose_inputs {
-		visible := compose.decision.visible with input as facts with data.capgate.catalogue as fixtures_test.catalogue
-		explained := explain.compose.tools with input as facts with data.capgate.catalogue as fixtures_test.catalogue
-		object.keys(explained) == fixtures_test.tool_names
-		{name | some name, tool in explained; tool.visible} == visible
-		{name | some name, tool in explained; count(_failing(tool.checks)) == 0} == visible
-	}
+test_allow_compose_verdict_is_the_decisions if every facts in _compose_inputs {
+	visible := compose.decision.visible with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	explained := explain.compose.tools with input as facts with data.capgate.catalogue as fixtures_test.catalogue
+	object.keys(explained) == fixtures_test.tool_names
+	{name | some name, tool in explained; tool.visible} == visible
+	{name | some name, tool in explained; count(_failing(tool.checks)) == 0} == visible
 }
 
 # compose_codes names exactly the tools compose hides, each with the codes of the
@@ -229,9 +228,11 @@ _execute_rows := {
 		"patch": {"stage": "call"},
 		"failing": {"stage": "review_required"},
 	},
+	# The approval and the proposal are read at dispatch, the budget at call and
+	# dispatch: at a stage that is none of them, only the stage fails.
 	"stage unknown": {
 		"patch": {"stage": "run"},
-		"failing": {"stage": "stage_invalid", "proposal": "proposal_not_approved", "budget_units": "budget_exhausted"},
+		"failing": {"stage": "stage_invalid"},
 	},
 	"no approval, pending proposal": {
 		"patch": {"approval": null, "proposal": {"status": "pending"}},
@@ -279,5 +280,18 @@ _agrees if {
 	explained.allow == _passes_all(explained.checks)
 	every code in fixtures_test.codes(decision.reasons) {
 		code in {check.code | some check in explained.checks}
+	}
+}
+
+# The templates explain's compose answer carries are the compose checks' declared
+# ones, one for every code they declare, whatever the input.
+test_compose_carries_the_declared_templates if {
+	explained := explain.compose with input as {} with data.capgate.catalogue as fixtures_test.catalogue
+	count(explained.templates) == 8
+	explained.templates.role_not_granted == "tool {tool} is not granted to role {role}"
+	every declaration in visibility.declared {
+		every code, spec in declaration.codes {
+			explained.templates[code] == spec.message
+		}
 	}
 }

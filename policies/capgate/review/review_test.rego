@@ -415,9 +415,9 @@ _messages := {
 	},
 }
 
-# allow needs both layers: the positive checks and an empty set of reasons. Each
+# allow needs both layers: no failing check and an empty set of reasons. Each
 # layer alone must deny, so a reason that failed to render never becomes an allow.
-test_deny_positive_checks_deny_without_reasons if {
+test_deny_failing_checks_deny_without_reasons if {
 	allowed := {note |
 		some note, case in _deny_cases
 		review.allow with input as _facts(case)

@@ -1,499 +1,283 @@
 # METADATA
 # title: Tool visibility
 # description: |
-#   The compose checks, each written once over the catalogue's index
-#   (data.capgate.catalogue.index, compiled with the catalogue: for each fact a check
-#   reads, the tools that pass for each value). Per tool, a check is one keyed lookup
-#   in the index (is_visible, reasons, checks; execute asks the same lookups for the
-#   called tool, argument-free, in called.rego: called_failed_checks). Over the whole
-#   catalogue, a check is the set the index holds for the input's value, and compose
-#   is the intersection of those sets (visible_tools, tool_checks). Both forms read
-#   the same entries of the same index, so a tool hidden at compose time is never
-#   callable. A missing or malformed fact fails its check (deny by default).
-# custom:
-#   reason_codes:
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
+#   The compose checks in every form a question needs, derived from each check's one
+#   declaration and definition in checks.rego (declared, _admits, _facts) and never
+#   written per check. Per tool, a check passes when one of the index entries it
+#   admits from holds the tool's name (is_visible, failed_checks, reasons, checks).
+#   For the tool a call names, the same lookups, once per query for every check at
+#   once (called_passes, called_failed_checks: what execute asks). Over the whole
+#   catalogue, the names the entries hold, intersected across the checks
+#   (visible_tools, which compose answers; passing_names and tool_checks, which
+#   explain reads). Every form reads the same entries of the same index, so a tool
+#   hidden at compose time is never callable.
+# schemas:
+#   - input: schema.execute
 package capgate.visibility
+
+import data.capgate.reasons as rendering
 
 # METADATA
 # title: Is the tool visible?
 # description: |
-#   True only when every compose check passes for the tool. Decided by the positive
-#   checks themselves, so a hidden tool stays hidden even if a reason could not be
-#   rendered. Execute also checks that the tool is in the catalogue.
-is_visible(name) if {
-	_role_granted(name)
-	_task_lists(name)
-	_connection_active(name)
-	_environment_allowed(name)
-	_budget_admits(name)
-	_not_quarantined(name)
-}
+#   True only when every declared compose check passes for the tool. Execute also
+#   checks that the tool is in the catalogue.
+is_visible(name) if count(failed_checks(name)) == 0
+
+# METADATA
+# title: The checks that hide the tool
+# description: |
+#   The names of the declared compose checks that the tool fails: every check that
+#   cannot be shown to pass, so one with no entry, or none in the table, fails.
+failed_checks(name) := {check | some check in _check_names; not _passes(check, name)}
 
 # METADATA
 # title: Why the tool is hidden
 # description: |
 #   The set of {"code", "message"} reasons that hide the tool: one per failing check,
-#   empty exactly when is_visible(name) holds. Execute reports these; compose reports
-#   codes only, on request (capgate.explain), and the gateway renders their messages.
-# custom:
-#   reason_codes:
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
+#   empty exactly when is_visible(name) holds.
 reasons(name) := {reason(check, name) | some check in failed_checks(name)}
-
-# METADATA
-# title: The checks that hide the tool
-# description: |
-#   The names of the compose checks (role, task, connection, environment, budget,
-#   quarantine) that the tool fails, each decided by its per-tool lookup: empty
-#   exactly when is_visible(name) holds. Execute asks its per-call form,
-#   called_failed_checks, which visibility_equivalence_test.rego holds equal to it.
-failed_checks(name) := union({
-	_fails_role(name),
-	_fails_task(name),
-	_fails_connection(name),
-	_fails_environment(name),
-	_fails_budget(name),
-	_fails_quarantine(name),
-})
-
-# One set per check, each calling its check directly: cheaper per call than asking
-# _passes, whose six definitions OPA would try in turn for every check.
-_fails_role(name) := {"role" | not _role_granted(name)}
-
-_fails_task(name) := {"task" | not _task_lists(name)}
-
-_fails_connection(name) := {"connection" | not _connection_active(name)}
-
-_fails_environment(name) := {"environment" | not _environment_allowed(name)}
-
-_fails_budget(name) := {"budget" | not _budget_admits(name)}
-
-_fails_quarantine(name) := {"quarantine" | not _not_quarantined(name)}
 
 # METADATA
 # title: The reason a failed check gives
 # description: |
-#   {"code", "message"} for the compose check named check failing for the tool, the
-#   message naming the facts the check read.
-# custom:
-#   reason_codes:
-#     - role_not_granted
-#     - not_needed_by_task
-#     - connection_missing
-#     - tool_not_enabled_for_tenant
-#     - connection_revoked
-#     - environment_restricted
-#     - budget_class_exceeded
-#     - tool_quarantined
-reason(check, name) := {"code": code, "message": _message(code, name, _facts(check, name))} if {
-	code := _code(check, name)
+#   {"code", "message"} for the compose check named check failing for the tool: the
+#   code the check gives it, and that code's declared message template filled with
+#   the facts the check read.
+reason(check, name) := {"code": code, "message": rendering.message(templates[code], values)} if {
+	key := _key_of(check, name)
+	code := _code_of(check, key)
+	values := object.union(_facts_of(check, key), {"tool": name})
 }
 
 # METADATA
 # title: Every check, for one tool
 # description: |
-#   [{"check", "pass", "code", "facts"}, ...] for the six compose checks in order
-#   (role, task, connection, environment, budget, quarantine), each decided by the
-#   per-tool lookup that is_visible makes. code is null exactly when the check
-#   passes; facts are the values the check read.
-checks(name) := [_tool_check(check, name) | some check in _check_names]
+#   [{"check", "pass", "code", "facts"}, ...] for the declared compose checks, in
+#   their declared order. code is null exactly when the check passes; facts are the
+#   values the check read.
+checks(name) := [_check_object(check, _key_of(check, name), _passes_or_false(check, name)) |
+	some check in _check_names
+]
+
+# METADATA
+# scope: document
+# title: Does the called tool pass every compose check?
+# description: |
+#   True when every declared compose check has an entry that holds the tool the call
+#   names and no exclusion holds it, so that called_failed_checks is empty: what
+#   execute's allow asks, counting the checks the tool passes. The _admits table is
+#   one object keyed by the declared checks (a test holds its keys to the
+#   declarations), so no other key can make up the count.
+default called_passes := false
+
+called_passes if {
+	count(_called_admitted) == count(declared)
+	count(_called_excluded) == 0
+}
+
+# METADATA
+# scope: document
+# title: The checks that hide the called tool
+# description: |
+#   failed_checks(input.call.tool), from the same lookups as called_passes: every
+#   declared check but those with an entry that holds the called tool, and those
+#   with an exclusion that holds it. Execute's compose reasons. A call naming no
+#   tool fails every check.
+called_failed_checks := (_check_set - _called_admitted) | _called_excluded
+
+# The checks with an entry that holds the called tool, or an exclusion. The entries
+# are objects (the index's, or built from it), so a lookup needs no type check.
+_called_admitted contains check if {
+	tool := input.call.tool
+	some check, entries in _admits
+	some entry in entries
+	_ = entry[tool]
+}
+
+_called_excluded contains check if {
+	tool := input.call.tool
+	some check, entries in _excludes
+	some entry in entries
+	_ = entry[tool]
+}
 
 # METADATA
 # scope: document
 # title: Every visible tool
 # description: |
-#   The catalogue's tools that pass every check. The task, role and connection
-#   checks, which hide most of a large catalogue, are read whole from the index and
-#   intersected; the few candidates left are looked up one by one in the
-#   environment and budget entries by the per-tool checks execute makes; quarantined
-#   names are taken out. visibility_equivalence_test.rego holds this set to the
-#   tools for which is_visible holds, and capgate.explain's verdicts to it.
-default visible_tools := set()
+#   The catalogue's tools that pass every check. The names of the three checks with
+#   the smallest entries, which hide most of a large catalogue, are read whole from
+#   the index and intersected; the few candidates left are looked up one by one in
+#   the entries of the other checks; excluded names are taken out.
+#   visibility_forms_test.rego holds this set to the tools for which is_visible
+#   holds, on well-formed and malformed data.
+visible_tools := {name |
+	looked_up := _looked_up_entries
+	some name in _candidates
+	every entries in looked_up {
+		some entry in entries
+		_ = entry[name]
+	}
+	_ = _tools[name]
+} - _excluded_anywhere
 
-visible_tools := {name | some name in _candidates; _ = _tools[name]} - _quarantined_names if {
-	not _is_quarantine_malformed
-}
+# The checks in order of the names their entries hold, fewest first. Building a set
+# of the keys of an entry costs more per name than looking a candidate up in it
+# (OPA 1.22.4, 10,000 tools: 7.5 ms against 11.5 ms in opa bench), so only the
+# first three checks' sets are built, and intersected two at a time (OPA hashes
+# every set put into a set of sets).
+_by_size := sort([[size, check] |
+	some check in _check_names
+	size := sum([count(entry) | some entry in object.get(_admits, check, []); is_object(entry)])
+])
 
-# The catalogue's names (10,000 of them in a large catalogue) are never built here,
-# nor the environment and cost-class sets, each most of the catalogue: building a
-# set of the keys of an entry costs more per name than looking a candidate up in it
-# (OPA 1.22.4, 10,000 tools: 7.5 ms against 11.5 ms in opa bench). A comprehension,
-# not a partial set rule, which OPA evaluates about twice as slowly here.
-_candidates := {name | # regal ignore:prefer-set-or-object-rule
-	environment := _index.by_environment[_environment] # _environment_allowed, bound once
-	some name in ((_task_lists_names & _role_granted_names) & _connection_active_names)
-	_ = environment[name]
-	_budget_admits(name)
-}
+_candidates := (_names_at(0) & _names_at(1)) & _names_at(2)
+
+# The names the i-th smallest check admits; every tool when there are fewer checks.
+_names_at(i) := _admitted_names(check) if {
+	[_, check] := _by_size[i]
+} else := tool_names
+
+# The object entries of each other check, one list per check.
+_looked_up_entries := [entries |
+	some [_, check] in array.slice(_by_size, 3, count(_by_size))
+	entries := [entry | some entry in object.get(_admits, check, []); is_object(entry)]
+]
+
+_excluded_anywhere := union({_excluded_names(check) | some check in _check_names})
 
 # METADATA
 # title: Every tool, check by check
 # description: |
 #   {name: {"visible": bool, "checks": [...]}} for every tool of the catalogue, the
-#   checks shaped as checks(name) but decided by membership in the sets visible_tools
-#   intersects. For people and audits (capgate.explain), not for agents. Each check
-#   object, as _tool_check builds it, is built once per key (_fact_keys) and verdict
-#   in _check_objects, not once per tool: under a third of the cost (1,000 tools).
+#   checks shaped as checks(name) but decided by membership in passing_names, and
+#   the verdict by membership in visible_tools. For people and audits
+#   (capgate.explain), not for agents. Each check object is built once for each key
+#   its report depends on (_key) and each verdict, not once per tool: under a third
+#   of the cost (1,000 tools). A comprehension, not a partial object rule, which OPA
+#   evaluates about twice as slowly here.
 tool_checks := {name: explained | # regal ignore:prefer-set-or-object-rule
 	passing := passing_names
 	visible := visible_tools
 	built := _check_objects
 	some name in tool_names
-	keys := _fact_keys(name)
 	explained := {
 		"visible": name in visible,
-		"checks": [built[check][object.get(keys, check, null)][name in passing[check]] | some check in _check_names],
+		"checks": [built[check][_key_of(check, name)][name in passing[check]] | some check in _check_names],
 	}
 }
 
 _check_objects[check] := {key: {
-	true: {"check": check, "pass": true, "code": null, "facts": facts},
-	false: {"check": check, "pass": false, "code": _code_of(check, key), "facts": facts},
+	true: _check_object(check, key, true),
+	false: _check_object(check, key, false),
 } |
-	some key in _catalogue_keys(check)
-	facts := _facts_of(check, key)
+	some key in {_key_of(check, name) | some name in tool_names}
 } if {
 	some check in _check_names
 }
 
-_catalogue_keys("connection") := {_alias(name) | some name in tool_names}
+_check_object(check, key, true) := {"check": check, "pass": true, "code": null, "facts": _facts_of(check, key)}
 
-_catalogue_keys("budget") := {_cost_class(name) | some name in tool_names}
-
-_catalogue_keys("quarantine") := {true, false}
-
-_catalogue_keys(check) := {null} if check in {"role", "task", "environment"}
-
-_check_names := ["role", "task", "connection", "environment", "budget", "quarantine"]
+_check_object(check, key, false) := {
+	"check": check,
+	"pass": false,
+	"code": _code_of(check, key),
+	"facts": _facts_of(check, key),
+}
 
 # METADATA
 # title: Reason code
 # description: The reason code the failing check gives the tool.
-reason_code(check, name) := _code(check, name)
+reason_code(check, name) := _code_of(check, _key_of(check, name))
 
 # METADATA
 # title: Passing names
 # description: |
-#   For each compose check ("role", "task", ...), the names of the tools that pass
-#   it, read whole from the index: the sets compose intersects (and
-#   capgate.explain's codes-only answer reads).
-passing_names := {
-	"role": _role_granted_names,
-	"task": _task_lists_names,
-	"connection": _connection_active_names,
-	"environment": _environment_allowed_names,
-	"budget": _budget_admits_names,
-	"quarantine": _not_quarantined_names,
-}
-
-_tool_check(check, name) := {"check": check, "pass": true, "code": null, "facts": _facts(check, name)} if {
-	_passes(check, name)
-} else := {"check": check, "pass": false, "code": _code(check, name), "facts": _facts(check, name)}
-
-_passes("role", name) if _role_granted(name)
-
-_passes("task", name) if _task_lists(name)
-
-_passes("connection", name) if _connection_active(name)
-
-_passes("environment", name) if _environment_allowed(name)
-
-_passes("budget", name) if _budget_admits(name)
-
-_passes("quarantine", name) if _not_quarantined(name)
-
-_code("role", _) := "role_not_granted"
-
-_code("task", _) := "not_needed_by_task"
-
-_code("connection", name) := _connection_code(_alias(name))
-
-_code("environment", _) := "environment_restricted"
-
-_code("budget", _) := "budget_class_exceeded"
-
-_code("quarantine", _) := "tool_quarantined"
-
-# A check's facts and code depend on the tool only through its alias, cost or listing.
-_facts(check, name) := _facts_of(check, object.get(_fact_keys(name), check, null))
-
-_fact_keys(name) := {"connection": _alias(name), "budget": _cost_class(name), "quarantine": name in _quarantined_names}
-
-_code_of("connection", key) := _connection_code(key)
-
-_code_of(check, _) := _code(check, null) if check != "connection"
-
-_facts_of("role", _) := {"role": _role}
-
-_facts_of("task", _) := {"task_type": _task_type, "needs": _task_needs}
-
-_facts_of("connection", key) := {"alias": key, "status": object.get(_connections, [key], null)}
-
-_facts_of("environment", _) := {"environment": _environment}
-
-_facts_of("budget", key) := {"budget_class": _budget_class, "cost_class": key}
-
-_facts_of("quarantine", key) := {"listed": key, "list_malformed": _is_quarantine_malformed}
-
-# Facts from the catalogue and the input, normalised once per query. A fact that is
-# missing or has the wrong type becomes a value that no check accepts.
-
-default _tools := {}
-
-_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
+#   For each declared compose check, the names of the tools that pass it, read whole
+#   from the index: the sets compose intersects (and capgate.explain's codes-only
+#   answer reads).
+passing_names[check] := _admitted_names(check) - _excluded_names(check) if some check in _check_names
 
 # METADATA
 # title: Tool names
 # description: The names of the catalogue's tools (none without a catalogue).
 tool_names := object.keys(_tools)
 
-default _index := {}
+# What the declarations give the forms above.
 
-_index := data.capgate.catalogue.index if is_object(data.capgate.catalogue.index)
+_check_names := [declaration.check | some declaration in declared]
 
-# The index entry for a fact's value, null when there is none. A path lookup never
-# fails, whatever the type of the value or of the index's sections.
-_entry(section, value) := object.get(_index, [section, value], null)
+_check_set := {check | some check in _check_names}
+
+# METADATA
+# title: Message templates
+# description: |
+#   {code: template} for every code a compose check declares. Execute renders its
+#   compose reasons from these; explain's compose answer carries them, so that the
+#   gateway renders compose's reasons from the templates of the policies that made
+#   the decision, never from a copy of its own.
+templates[code] := spec.message if {
+	some declaration in declared
+	some code, spec in declaration.codes
+}
+
+# The one code of a check that declares one; a check that declares several picks
+# among them with _code.
+_single_code[declaration.check] := code if {
+	some declaration in declared
+	count(declaration.codes) == 1
+	some code, _ in declaration.codes
+}
+
+_passes(check, name) if {
+	not _is_excluded(check, name)
+	some entry in _admits[check]
+	is_object(entry)
+	_ = entry[name]
+}
+
+_is_excluded(check, name) if {
+	some entry in _excludes[check]
+	_ = entry[name]
+}
+
+default _passes_or_false(_, _) := false
+
+_passes_or_false(check, name) if _passes(check, name)
+
+_admitted_names(check) := _union_of_keys(object.get(_admits, check, []))
+
+_excluded_names(check) := _union_of_keys(object.get(_excludes, check, []))
+
+# The names the entries hold. One entry's keys need no set of sets.
+_union_of_keys(entries) := _members(entry) if {
+	count(entries) == 1
+	some entry in entries
+} else := union({_members(entry) | some entry in entries})
 
 # The names of an index entry: its keys when it is an object, else none.
 _members(entry) := object.keys(entry) if is_object(entry)
 
 else := set()
 
-# Per tool, a name is in an index entry when the entry holds it as a key, whatever
-# the value, as the whole-set form (object.keys) reads the keys only. A lookup into
-# anything but an object is undefined, so a malformed entry holds nothing in both.
+# What a check reports for a tool, with the defaults of a check that defines none:
+# one key for every tool, its one declared code, no facts. The key can be false, so
+# it is bound in the body rather than tested there.
 
-default _role := null
+_key_of(check, name) := key if {
+	# regal ignore:prefer-value-in-head
+	key := _key(check, name)
+} else := null
 
-_role := input.principal.role
+_code_of(check, key) := _code(check, key) if _code(check, key)
 
-# A role counts only when the catalogue declares it, as well as the index granting it.
-default _role_declared := false
+else := _single_code[check]
 
-_role_declared if {
-	is_string(input.principal.role)
-	_ = data.capgate.catalogue.roles[input.principal.role]
-}
+_facts_of(check, key) := _facts(check, key) if _facts(check, key)
 
-default _task_type := null
+else := {}
 
-_task_type := input.task.type
+default _tools := {}
 
-default _task_needs := null
-
-_task_needs := input.task.needs
-
-# task.needs narrows the task type's list when present; null means absent. A
-# present value that is not a list narrows to nothing.
-_is_narrowed if input.task.needs != null
-
-_needs contains need if {
-	is_array(input.task.needs)
-	some need in input.task.needs
-}
-
-default _connections := {}
-
-_connections := input.connections if is_object(input.connections)
-
-default _environment := null
-
-_environment := input.environment
-
-default _budget_class := null
-
-_budget_class := input.budget_class
-
-# The cost classes the budget class admits: those its admits object maps to true.
-_admitted contains cost_class if {
-	admits := data.capgate.catalogue.budget_classes[input.budget_class].admits
-	is_object(admits)
-	some cost_class, admitted in admits
-	admitted == true
-}
-
-# The checks. Each has a per-tool form, a function of the tool's name that looks the
-# name up in the index entry the input selects, and a whole-set form, the names of
-# that same entry. visibility_equivalence_test.rego holds the two to the same answer
-# on well-formed and malformed data. Negate only the per-tool functions: `not` over
-# an expression with a reference argument is undefined, not true, when the
-# reference is.
-
-# role_not_granted
-
-_role_granted(name) if _ = _role_tools[name]
-
-# The index entry the per-tool check looks names up in, read once per query: the
-# tools granted to the input's role, undefined unless the catalogue declares it.
-_role_tools := tools if {
-	_role_declared
-	index := data.capgate.catalogue.index
-	tools := index.by_role[input.principal.role]
-}
-
-default _role_granted_names := set()
-
-_role_granted_names := _members(_entry("by_role", _role)) if _role_declared
-
-# not_needed_by_task
-
-_task_lists(name) if {
-	_ = _task_tools[name]
-	not _is_narrowed
-}
-
-_task_lists(name) if {
-	_ = _task_tools[name]
-	name in _needs
-}
-
-# The tools the input's task type lists, read once per query.
-_task_tools := tools if {
-	index := data.capgate.catalogue.index
-	tools := index.by_task_type[input.task.type]
-}
-
-_task_listed_names := _members(_entry("by_task_type", _task_type))
-
-_task_lists_names := _task_listed_names & _needs if {
-	_is_narrowed
-} else := _task_listed_names
-
-# connection_missing, tool_not_enabled_for_tenant, connection_revoked
-
-_active_aliases contains alias if {
-	is_object(input.connections)
-	some alias, status in input.connections
-	status == "active"
-}
-
-_connection_active(name) if {
-	index := data.capgate.catalogue.index
-	_ = index.no_connection[name]
-}
-
-_connection_active(name) if {
-	index := data.capgate.catalogue.index
-	some alias in _active_aliases
-	_ = index.by_connection[alias][name]
-}
-
-_connection_active_names := _members(object.get(_index, "no_connection", null)) | union({names |
-	some alias in _active_aliases
-	names := _members(_entry("by_connection", alias))
-})
-
-# The contract's alias names the connection in the facts and picks the code of a
-# failing check; it never decides the check. Read with object.get and a path, which
-# never fails: null when the tool has no contract or the contract lacks the field.
-# A status other than active or disabled reads as revoked; a connection the tenant
-# lacks, or an active one the index does not hold the tool under, is missing.
-_alias(name) := object.get(_tools, [name, "connection_alias"], null)
-
-_cost_class(name) := object.get(_tools, [name, "cost_class"], null)
-
-_connection_code(alias) := "tool_not_enabled_for_tenant" if {
-	_connections[alias] == "disabled"
-} else := "connection_revoked" if {
-	_has_connection(alias)
-	_connections[alias] != "active"
-} else := "connection_missing"
-
-_has_connection(alias) if _ = _connections[alias]
-
-# environment_restricted
-
-_environment_allowed(name) if _ = _environment_tools[name]
-
-# The tools available in the input's environment, read once per query.
-_environment_tools := tools if {
-	index := data.capgate.catalogue.index
-	tools := index.by_environment[input.environment]
-}
-
-_environment_allowed_names := _members(_entry("by_environment", _environment))
-
-# budget_class_exceeded
-
-_budget_admits(name) if {
-	index := data.capgate.catalogue.index
-	some cost_class in _admitted
-	_ = index.by_cost_class[cost_class][name]
-}
-
-_budget_admits_names := union({names |
-	some cost_class in _admitted
-	names := _members(_entry("by_cost_class", cost_class))
-})
-
-# tool_quarantined
-
-# input.quarantined names the tools that run on an MCP server whose current definition
-# of them a person has not accepted (the gateway reads it from its pins of upstream
-# definitions). null or absent quarantines nothing; a value that is not a list
-# quarantines every tool, as a task.needs that is not a list narrows to nothing.
-default _is_quarantine_malformed := false
-
-_is_quarantine_malformed if {
-	input.quarantined != null
-	not is_array(input.quarantined)
-}
-
-_quarantined_names contains name if {
-	is_array(input.quarantined)
-	some name in input.quarantined
-}
-
-_not_quarantined(name) if {
-	not _is_quarantine_malformed
-	not name in _quarantined_names
-}
-
-default _not_quarantined_names := set()
-
-_not_quarantined_names := tool_names - _quarantined_names if not _is_quarantine_malformed
-
-# Messages, for execute's reasons only: each names the facts its check read, as JSON.
-
-_message(code, name, facts) := sprintf(_formats[code], array.concat(
-	[json.marshal(name)],
-	[json.marshal(facts[key]) | some key in _format_facts[code]],
-))
-
-_formats := {
-	"role_not_granted": "tool %s is not granted to role %s",
-	"not_needed_by_task": "tool %s is not offered by task type %s with task.needs %s",
-	"connection_missing": "tool %s needs connection %s, which the tenant does not have",
-	"tool_not_enabled_for_tenant": "tool %s needs connection %s, which the tenant has disabled",
-	"connection_revoked": "tool %s needs connection %s, whose status is %s, not active",
-	"environment_restricted": "tool %s is not available in environment %s",
-	"budget_class_exceeded": "tool %s has cost class %s, which budget class %s does not admit",
-	"tool_quarantined": "tool %s is quarantined: its MCP server's current definition of it is not one a person accepted",
-}
-
-_format_facts := {
-	"role_not_granted": ["role"],
-	"not_needed_by_task": ["task_type", "needs"],
-	"connection_missing": ["alias"],
-	"tool_not_enabled_for_tenant": ["alias"],
-	"connection_revoked": ["alias", "status"],
-	"environment_restricted": ["environment"],
-	"budget_class_exceeded": ["cost_class", "budget_class"],
-	"tool_quarantined": [],
-}
+_tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)

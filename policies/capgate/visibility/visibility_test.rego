@@ -218,15 +218,16 @@ test_deny_input_not_an_object if {
 }
 
 # A tool the catalogue does not have, or has in a malformed shape, is in no entry of
-# the index, so it fails every check that reads the index.
+# the index, so it fails every check that reads the index; one it does not have is
+# also not among the tools the quarantine check admits.
 test_deny_tool_absent_or_malformed if {
 	tools := object.union(fixtures_test.catalogue.tools, {"broken": "not a contract"})
 	task_types := {"customer_quote": {"tools": {"broken": true, "ghost": true}}}
 	catalogue := object.union(fixtures_test.catalogue, {"tools": tools, "task_types": task_types})
-	every name in ["broken", "ghost"] {
+	every name, codes in {"broken": set(), "ghost": {"tool_quarantined"}} {
 		reasons := visibility.reasons(name) with input as fixtures_test.compose_input
 			with data.capgate.catalogue as catalogue
-		fixtures_test.codes(reasons) == _contract_codes | {"not_needed_by_task"}
+		fixtures_test.codes(reasons) == (_contract_codes | {"not_needed_by_task"}) | codes
 		not visibility.is_visible(name) with input as fixtures_test.compose_input
 			with data.capgate.catalogue as catalogue
 	}
@@ -255,15 +256,16 @@ test_deny_contract_field_missing if {
 
 # A catalogue section missing fails every check that looks into it. The checks read
 # the index, not the contracts or task types: per tool they pass for a name the
-# index holds even without its contract, and execute, which asks them, denies such a
-# tool as unknown_tool first. Compose lists catalogue tools only.
+# index holds even without its contract, but for the quarantine check, which admits
+# the catalogue's tools; execute, which asks them, denies such a tool as
+# unknown_tool first. Compose lists catalogue tools only.
 test_deny_catalogue_section_missing if {
 	cases := {
 		"roles": {"role_not_granted"},
 		"budget_classes": {"budget_class_exceeded"},
 		"index": (_contract_codes | {"not_needed_by_task"}),
 		"task_types": set(),
-		"tools": set(),
+		"tools": {"tool_quarantined"},
 	}
 	every section, codes in cases {
 		catalogue := json.remove(fixtures_test.catalogue, [section])
@@ -367,4 +369,40 @@ test_allow_visibility_agrees_with_reasons if {
 			with data.capgate.catalogue as fixtures_test.catalogue
 		visible == fixtures_test.tool_names - hidden
 	}
+}
+
+# A check declared without an entry in the checks table admits no tool: compose
+# hides every tool, execute denies every call with its code, explain fails it.
+test_deny_a_check_declared_without_logic_fails_every_tool if {
+	undefined := {
+		"check": "undefined",
+		"title": "Undefined",
+		"facts": [],
+		"codes": {"undefined_check": {"title": "Undefined", "message": "tool {tool} fails a check with no logic"}},
+	}
+	declared := array.concat(visibility.declared, [undefined])
+	visibility.visible_tools == set() with input as fixtures_test.compose_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with visibility.declared as declared
+	reasons := visibility.reasons("contact.read") with input as fixtures_test.compose_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with visibility.declared as declared
+	reasons == {{"code": "undefined_check", "message": `tool "contact.read" fails a check with no logic`}}
+	call := object.union(fixtures_test.compose_input, {"call": {"tool": "contact.read"}})
+	not visibility.called_passes with input as call
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with visibility.declared as declared
+	checks := visibility.checks("contact.read") with input as fixtures_test.compose_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with visibility.declared as declared
+	checks[count(checks) - 1] == {"check": "undefined", "pass": false, "code": "undefined_check", "facts": {}}
+}
+
+# With fewer than three checks, compose intersects the ones there are.
+test_allow_compose_with_fewer_checks_than_it_intersects if {
+	declared := [declaration | some declaration in visibility.declared; declaration.check in {"role", "task"}]
+	visible := visibility.visible_tools with input as fixtures_test.compose_input
+		with data.capgate.catalogue as fixtures_test.catalogue
+		with visibility.declared as declared
+	visible == {"contact.read", "oracle.price", "quote.prepare_send"}
 }

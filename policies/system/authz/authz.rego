@@ -50,8 +50,6 @@ _is_capgate_document if {
 }
 
 # Every query parameter of the request is one of allowed (none at all is fine).
-_only_params(allowed) if {
-	every name, _ in object.get(input, "params", {}) {
-		name in allowed
-	}
+_only_params(allowed) if every name, _ in object.get(input, "params", {}) {
+	name in allowed
 }

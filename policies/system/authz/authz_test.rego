@@ -15,11 +15,9 @@ _decision_paths := [
 
 _provenance := {"provenance": ["true"]}
 
-test_allow_gateway_asks_for_decisions if {
-	every path in _decision_paths {
-		request := {"method": "POST", "path": path, "params": _provenance, "identity": _token}
-		authz.allow with input as request with data.system.gateway.tokens as _tokens
-	}
+test_allow_gateway_asks_for_decisions if every path in _decision_paths {
+	request := {"method": "POST", "path": path, "params": _provenance, "identity": _token}
+	authz.allow with input as request with data.system.gateway.tokens as _tokens
 }
 
 test_allow_gateway_reads_the_catalogue_digest if {

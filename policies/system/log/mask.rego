@@ -65,9 +65,7 @@ mask contains _pointer(["result", name]) if {
 }
 
 # Reason messages name facts (tenants, subjects, resources): codes only.
-mask contains _pointer(["result", "reasons", i, "message"]) if {
-	some i, _ in input.result.reasons
-}
+mask contains _pointer(["result", "reasons", i, "message"]) if some i, _ in input.result.reasons
 
 mask contains _pointer(["result", "excluded", tool, i, "message"]) if {
 	some tool, reasons in input.result.excluded
@@ -75,9 +73,7 @@ mask contains _pointer(["result", "excluded", tool, i, "message"]) if {
 }
 
 # An obligation's parameters may repeat call values (an idempotency key, a limit).
-mask contains _pointer(["result", "obligations", i, "params"]) if {
-	some i, _ in input.result.obligations
-}
+mask contains _pointer(["result", "obligations", i, "params"]) if some i, _ in input.result.obligations
 
 # What is kept of each decision's input, by field: "scalar" keeps a string, number
 # or boolean; an array keeps those fields (scalars) of an object.

@@ -92,10 +92,8 @@ _event(path, facts, result) := {
 }
 
 # The event as OPA writes it: every pointer of the mask erased.
-_masked(event) := json.remove(event, log.mask) if {
-	every pointer in log.mask {
-		is_string(pointer)
-	}
+_masked(event) := json.remove(event, log.mask) if every pointer in log.mask {
+	is_string(pointer)
 }
 
 # Nothing in the masked event, keys included, holds the marker.

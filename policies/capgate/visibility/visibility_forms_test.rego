@@ -1,13 +1,16 @@
 # METADATA
-# title: The two forms of the visibility checks agree
+# title: The forms of the compose checks agree, and follow their declarations
 # description: |
-#   capgate.visibility writes each compose check once over the catalogue's index and
-#   reads it in two forms: per tool (is_visible, checks; execute asks these) and as
+#   capgate.visibility derives every form of the compose checks from their one
+#   declaration and definition (checks.rego): per tool (is_visible, checks; execute
+#   asks these for the called tool, called_passes and called_failed_checks) and as
 #   whole sets (visible_tools, tool_checks; compose and capgate.explain ask these).
-#   For every catalogue and facts below, well formed or not, compose's visible set
-#   must be exactly the tools is_visible admits, and explain must report for every
-#   tool exactly the checks, codes and facts the per-tool form reports, with a
-#   verdict equal to membership in compose's visible set.
+#   These tests hold the derivation, not any one check: for every catalogue and
+#   facts below, well formed or not, compose's visible set is exactly the tools
+#   is_visible admits, explain reports for every tool exactly the checks, codes and
+#   facts the per-tool form reports, the called form fails what the per-tool form
+#   fails, and the checks table and the facts follow the declarations. A check added
+#   to checks.rego is covered by them as it is.
 package capgate.visibility_test
 
 import data.capgate.compose
@@ -34,14 +37,12 @@ test_allow_compose_agrees_with_per_tool_checks_on_malformed_entries if {
 	wrong == set()
 }
 
-test_allow_compose_agrees_with_per_tool_checks_on_a_malformed_index if {
-	every index in _malformed_indexes {
-		wrong := {note |
-			some note, facts in _facts
-			not _agrees with input as facts
-		} with data.capgate.catalogue as object.union(fixtures_test.catalogue, {"index": index})
-		wrong == set()
-	}
+test_allow_compose_agrees_with_per_tool_checks_on_a_malformed_index if every index in _malformed_indexes {
+	wrong := {note |
+		some note, facts in _facts
+		not _agrees with input as facts
+	} with data.capgate.catalogue as object.union(fixtures_test.catalogue, {"index": index})
+	wrong == set()
 }
 
 test_allow_compose_agrees_with_per_tool_checks_on_missing_sections if {
@@ -87,7 +88,46 @@ test_allow_called_failed_checks_agree_with_per_tool_checks if {
 }
 
 # Under an input whose call names the tool.
-_call_agrees(name) if visibility.called_failed_checks == visibility.failed_checks(name)
+_call_agrees(name) if {
+	visibility.called_failed_checks == visibility.failed_checks(name)
+	visibility.called_passes == _is_empty(visibility.failed_checks(name))
+}
+
+_is_empty(s) if count(s) == 0
+
+else := false
+
+# The checks table holds exactly the declared checks, whatever the input and the
+# catalogue (so called_passes counts declared checks only, and an entry that is
+# not a comprehension shows here as an undefined table), and every check reports
+# exactly the facts it declares and gives only the codes it declares.
+test_allow_the_checks_follow_their_declarations if {
+	declared := {declaration.check: declaration | some declaration in visibility.declared}
+	count(declared) == count(visibility.declared)
+	catalogues := [fixtures_test.catalogue, _malformed_catalogue, _sections_missing, {}]
+	every catalogue in catalogues {
+		wrong := {note |
+			some note, facts in _facts
+			not _follows(declared) with input as facts
+		} with data.capgate.catalogue as catalogue
+		wrong == set()
+	}
+}
+
+_follows(declared) if {
+	object.keys(visibility._admits) == object.keys(declared)
+	object.keys(visibility._excludes) - object.keys(declared) == set()
+	every name in object.keys(_catalogue_tools) {
+		every check in visibility.checks(name) {
+			object.keys(check.facts) == {fact | some fact in declared[check.check].facts}
+			_is_declared_code(check.code, declared[check.check].codes)
+		}
+	}
+}
+
+_is_declared_code(null, _)
+
+_is_declared_code(code, codes) if codes[code]
 
 # Both forms answer the same under the input and catalogue the caller mocks. Both
 # must answer: an undefined answer counts as disagreement.
@@ -105,10 +145,8 @@ _agrees if {
 	}
 }
 
-_every_check_passes(checks) if {
-	every check in checks {
-		check.pass == true
-	}
+_every_check_passes(checks) if every check in checks {
+	check.pass == true
 }
 
 # `x == (y in s)` is rewritten by opa fmt (1.22.4) as `(x == y) in s`: ask a function.
