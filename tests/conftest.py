@@ -27,6 +27,7 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from tests.hang import ANSWER_TIMEOUT
 
 TRANSPORTS = ("process", "container")
 #: Modules whose tests run against both transports.
@@ -113,9 +114,10 @@ def sales_sidecar(
 ) -> Iterator[PolicySidecar]:
     """OPA serving the real policies and the sales catalogue, on either transport."""
     transport = getattr(request, "param", TRANSPORTS[0])
-    # 5 s, not the 0.5 s default: CI machines are small and shared.
+    # Not the 0.5 s default: the tests wait for its answers, and CI machines are small and
+    # shared, so the client's timeout is a hang bound (tests/hang.py), not a pace.
     if transport == "process":
-        with PolicySidecar(sales_catalogue, timeout=5.0) as sidecar:
+        with PolicySidecar(sales_catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             yield sidecar
         return
     # Imported here: testcontainers (and docker) only for the tests that use it.
@@ -126,7 +128,7 @@ def sales_sidecar(
         command, mounts = embedded_like(bundle, Path(folder))
         with (
             opa_container(command, mounts=mounts) as opa,
-            PolicySidecar(sales_catalogue, opa_url=opa.address, timeout=5.0) as sidecar,
+            PolicySidecar(sales_catalogue, opa_url=opa.address, timeout=ANSWER_TIMEOUT) as sidecar,
         ):
             # The embedded sidecar pins the revision of the bundle it wrote; this bundle
             # was written here, from the same policies: pin its revision the same way.

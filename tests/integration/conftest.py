@@ -15,6 +15,7 @@ import pytest
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import PolicySidecar
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.lifecycle_support import write_lifecycle_catalogue
 
 
@@ -31,8 +32,9 @@ def lifecycle_catalogue(lifecycle_catalogue_dir: Path) -> Catalogue:
 
 @pytest.fixture(scope="module")
 def lifecycle_sidecar(lifecycle_catalogue: Catalogue) -> Iterator[PolicySidecar]:
-    """An embedded OPA serving it; 10 s: the race and crash suites load the machine."""
-    with PolicySidecar(lifecycle_catalogue, timeout=10.0) as running:
+    """An embedded OPA serving it, its answers waited for by the hang bound: the race
+    and crash suites load the machine."""
+    with PolicySidecar(lifecycle_catalogue, timeout=ANSWER_TIMEOUT) as running:
         yield running
 
 

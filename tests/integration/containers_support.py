@@ -33,6 +33,7 @@ os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 
 from testcontainers.core.container import DockerContainer
 
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 from tests.integration.opa_servers import Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,11 +64,11 @@ def require_engine_and_image(image: str) -> None:
             [docker, "version", "--format", "{{.Server.Version}}"],
             capture_output=True,
             text=True,
-            timeout=20,
+            timeout=INNER_HANG_SECONDS,  # an engine that answers at all: a hang bound
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the Docker engine did not answer within 20 s: {HOW}")
+        pytest.fail(f"the Docker engine did not answer within {INNER_HANG_SECONDS:g} s: {HOW}")
     if answered.returncode != 0:
         reason = answered.stderr.strip().splitlines()[-1:] or ["no answer"]
         pytest.fail(
@@ -78,7 +79,7 @@ def require_engine_and_image(image: str) -> None:
         [docker, "image", "inspect", "--format", "{{.Id}}", image],
         capture_output=True,
         text=True,
-        timeout=20,
+        timeout=INNER_HANG_SECONDS,
         check=False,
     )
     if inspected.returncode != 0:
@@ -150,7 +151,7 @@ def _listening(port: int) -> bool:
 
 def _healthy(address: str) -> bool:
     try:
-        return httpx.get(f"{address}/health", timeout=1.0).status_code == 200
+        return httpx.get(f"{address}/health", timeout=ANSWER_TIMEOUT).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -199,7 +200,8 @@ def opa_container(
             container = container.with_volume_mapping(str(host), inside, "ro")
         try:
             container.start()
-            deadline = time.monotonic() + 30
+            # A slow start is no taken port: only a hang ends this wait.
+            deadline = time.monotonic() + INNER_HANG_SECONDS
             while time.monotonic() < deadline:
                 up = _healthy(address) if wait == "healthy" else _listening(port)
                 if up:

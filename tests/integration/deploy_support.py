@@ -47,14 +47,16 @@ from capgate.gateway.opa.deploy import Deployment, SignedBundle, init_deployment
 from capgate.gateway.opa.deploy import write_signed_bundle as _write_signed_bundle
 from capgate.gateway.opa.sidecar import read_token_file
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import INNER_HANG_SECONDS
 from tests.integration.opa_servers import free_port
 
 #: Where the bundle server serves the bundle, under its root.
 RESOURCE = "bundles/capgate.tar.gz"
 #: The sidecars' polling in these tests: a new bundle is fetched within 2 s.
 POLLING = (1, 2)
-#: How long a test waits for something that the polling should bring within 2 s.
-PROPAGATION_SECONDS = 15.0
+#: How long a test waits for something that the polling should bring within 2 s: a
+#: hang bound (tests/hang.py), never a pace.
+PROPAGATION_SECONDS = INNER_HANG_SECONDS
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -194,7 +196,8 @@ def sidecar_opa(config: Path, log: Path) -> Iterator[Sidecar]:
                 env={"HOME": str(home)},
             )
         try:
-            deadline = time.monotonic() + 20
+            # A slow start is no taken port: only a hang ends this wait.
+            deadline = time.monotonic() + INNER_HANG_SECONDS
             while proc.poll() is None and time.monotonic() < deadline:
                 if _listening(port):
                     yield Sidecar(f"http://127.0.0.1:{port}", proc, log)

@@ -23,10 +23,13 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
+
+from tests.hang import HANG_SECONDS
 
 Transport = Literal["tcp", "unix"]
 TRANSPORTS: Final[tuple[Transport, ...]] = ("tcp", "unix")
@@ -131,6 +134,7 @@ class Seen:
 class _State:
     routes: dict[str, Reply] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
+    played: list[str] = field(default_factory=list)
 
 
 class FakeOPA:
@@ -138,7 +142,9 @@ class FakeOPA:
 
     Use as a context manager. ``address`` is what PolicyClient and PolicySidecar
     take. :meth:`route` sets the reply for a path (without the query string), and
-    :attr:`seen` lists every request received. With ``accept=False`` the server
+    :attr:`seen` lists every request received, :attr:`played` the paths of those whose
+    reply was acted out to its end (not cut off by the client, nor by
+    :meth:`close`). With ``accept=False`` the server
     listens but never accepts, so clients connect (the kernel queues them) and then
     wait for an answer that never comes.
     """
@@ -179,13 +185,20 @@ class FakeOPA:
         with self._lock:
             return list(self._state.seen)
 
+    @property
+    def played(self) -> list[str]:
+        with self._lock:
+            return list(self._state.played)
+
     def close(self) -> None:
         """Stop, join every thread and close every socket; safe to call twice."""
         if not self._stop.is_set():
             self._stop.set()
             self._wake_w.send(b"x")
+        # Every thread wakes at once, and must end: a hang bound, not a pace.
+        deadline = time.monotonic() + HANG_SECONDS
         for thread in list(self._threads):
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         self._listener.close()
         self._wake_r.close()
@@ -230,7 +243,7 @@ class FakeOPA:
                     with self._lock:
                         self._state.seen.append(request)
                         reply = self._state.routes.get(request.path, NOT_FOUND)
-                    if not self._play(conn, reply):
+                    if not self._play(conn, request.path, reply):
                         return
             except OSError:
                 return  # the client went away; nothing to report
@@ -268,8 +281,10 @@ class FakeOPA:
             return b""
         return conn.recv(65536)
 
-    def _play(self, conn: socket.socket, reply: Reply) -> bool:
-        """Act out ``reply``; True if the connection stays open for another request."""
+    def _play(self, conn: socket.socket, path: str, reply: Reply) -> bool:
+        """Act out ``reply`` (to ``path``); True if the connection stays open for another
+        request."""
+        kept = True
         for action in reply.actions:
             if isinstance(action, bytes):
                 if not self._send(conn, action):
@@ -281,11 +296,15 @@ class FakeOPA:
                 self._stop.wait()
                 return False
             elif action is CLOSE:
-                return False
+                kept = False
+                break
             elif action is RESET:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                return False
-        return True
+                kept = False
+                break
+        with self._lock:
+            self._state.played.append(path)
+        return kept
 
     def _send(self, conn: socket.socket, data: bytes) -> bool:
         """Send all of ``data`` unless the client leaves or the server stops."""

@@ -37,6 +37,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.operations import Operations
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationRecord
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 from tests.integration.lifecycle_support import (
     METER_TASK,
     SALES,
@@ -65,7 +66,7 @@ def call_race(gateway: Gateway, race: str, worker: int, threads: int) -> list[Re
         else:
             operation_id, label = f"op-{worker}-{n}", f"tick-{worker}-{n}"
         try:
-            go.wait(timeout=60)
+            go.wait(timeout=INNER_HANG_SECONDS)  # the siblings must come: a hang bound
             answer = gateway.call(
                 METER_REQUEST, "meter.tick", {"label": label}, operation_id=operation_id
             )
@@ -98,11 +99,11 @@ def race_child(
         start.abort()
         return
     try:
-        with PolicySidecar(catalogue, timeout=10.0) as sidecar:
+        with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             provider = FileProvider(effects)
             provider.delay = 0.05  # a tool body that takes a while: duplicates overlap
             gateway = make_gateway(catalogue, sidecar.client, store, provider.tools())
-            start.wait(timeout=120)
+            start.wait(timeout=INNER_HANG_SECONDS)  # the sibling processes must come
             results.put((worker, call_race(gateway, race, worker, threads), None))
     except BaseException:
         results.put((worker, [], traceback.format_exc()))
@@ -186,7 +187,7 @@ def crash_child(spec: dict[str, Any]) -> None:
     catalogue = load_catalogue(Path(spec["catalogue"]))
     store = open_store(spec["url"])
     provider = FileProvider(spec["effects"])
-    with PolicySidecar(catalogue, timeout=10.0) as sidecar:
+    with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
         assert sidecar.process is not None
         Path(spec["opa_pid_file"]).write_text(str(sidecar.process.pid))
         gateway = make_gateway(

@@ -59,6 +59,7 @@ from capgate.gateway.state.records import OperationRecord, ProposalRecord
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import Adapter
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import INNER_HANG_SECONDS
 
 TENANT: Final = "acme"
 
@@ -245,7 +246,10 @@ def sqlite_file_bytes(url: str) -> bytes:
     return b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+def wait_until(
+    check: Callable[[], bool], timeout: float = INNER_HANG_SECONDS, what: str = "condition"
+) -> None:
+    """Until ``check()``; ``timeout`` bounds a hang (tests/hang.py), never a pace."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

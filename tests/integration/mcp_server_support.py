@@ -49,6 +49,7 @@ from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.tools.contract import CallContext
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.opa_servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +57,10 @@ CAPGATE = ROOT / ".venv" / "bin" / "capgate"
 SALES = demo_catalogue_dir("sales")
 RECORD_ENV = "CAPGATE_TEST_RECORD"
 #: The longest contact ``c-slow`` holds its tool when nobody releases it: only a bound
-#: on a test that forgot to (the tests release it as soon as they have seen enough).
-SLOW_HOLD_SECONDS = 120.0
+#: on a test that forgot to (the tests release it as soon as they have seen enough), so
+#: the hang bound: a shorter hold could end while a slow machine is still running the
+#: calls that must finish before it.
+SLOW_HOLD_SECONDS = HANG_SECONDS
 #: The wait contact ``c-busy``'s retryable outcome asks for.
 RETRY_AFTER_SECONDS = 30
 #: The connection secrets the servers resolve (EnvironmentCredentials).
@@ -372,7 +375,7 @@ def http_server(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + INNER_HANG_SECONDS
         while not found.wait(0.1) and not ended.is_set() and time.monotonic() < deadline:
             pass
         if not found.is_set():
@@ -389,18 +392,32 @@ def http_server(
         proc.stderr.close()
 
 
-def bearer(token: str | None) -> httpx2.AsyncClient:
+def bearer(token: str | None, **kw: Any) -> httpx2.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60))
+    # Each request waits for an answer that must come: the hang bound, not a pace.
+    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(INNER_HANG_SECONDS), **kw)
 
 
 @asynccontextmanager
 async def http_session(
-    url: str, token: str, *, mode: Mode = "legacy", **kw: Any
+    url: str,
+    token: str,
+    *,
+    mode: Mode = "legacy",
+    get_stream: anyio.Event | None = None,
+    **kw: Any,
 ) -> AsyncIterator[Client]:
-    """The official client over streamable HTTP, with a bearer token."""
+    """The official client over streamable HTTP, with a bearer token. ``get_stream`` is
+    set once the server has answered the session's GET stream, the one a handshake
+    session's notifications come by: a test that causes one waits for it first (one
+    sent before it is open is lost)."""
+
+    async def opened(response: httpx2.Response) -> None:
+        if get_stream is not None and response.request.method == "GET" and response.is_success:
+            get_stream.set()
+
     async with (
-        bearer(token) as http,
+        bearer(token, event_hooks={"response": [opened]}) as http,
         Client(streamable_http_client(url, http_client=http), mode=mode, **kw) as client,
     ):
         yield client
@@ -417,6 +434,8 @@ def run_capgate(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=60,
+        # The process must exit; under load even its interpreter's start and exit can
+        # take minutes (8 of these run at once): a hang bound, not a pace.
+        timeout=INNER_HANG_SECONDS,
         check=False,
     )

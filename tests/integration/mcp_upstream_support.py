@@ -45,6 +45,7 @@ from capgate.adapters.tools.mcp.config import ServerSpec
 from capgate.cli.main import main
 from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.state.records import PinRecord
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / ".tools" / "mcp-peers"
@@ -63,8 +64,11 @@ def require_peers(*programs: Path) -> None:
         pytest.fail(f"MCP peers missing: {', '.join(missing)}; run `make setup-test`")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "it") -> Any:
-    """Poll ``predicate`` until it returns something true; fail after ``timeout``."""
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = INNER_HANG_SECONDS, what: str = "it"
+) -> Any:
+    """Poll ``predicate`` until it returns something true; fail after ``timeout`` (a
+    hang bound, tests/hang.py, never a pace)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -238,8 +242,10 @@ class Harness:
         *,
         roles: dict[str, Any] | None = None,
         in_process: InProcessTools | None = None,
-        call_timeout: float = 20.0,
-        connect_timeout: float = 30.0,
+        # The gateway's deadlines for a server to start and a tool to answer: the hang
+        # bound, unless a test's subject is one of them (then it gives its own).
+        call_timeout: float = INNER_HANG_SECONDS,
+        connect_timeout: float = INNER_HANG_SECONDS,
         mode: str = "auto",
         credentials: dict[tuple[str, str], str] | None = None,
         connections: Sequence[str] = (),
@@ -267,7 +273,7 @@ class Harness:
             mode=mode,
             unplaced=unplaced,
         )
-        self.sidecar = PolicySidecar(self.catalogue, timeout=5.0, opa_url=opa_url)
+        self.sidecar = PolicySidecar(self.catalogue, timeout=ANSWER_TIMEOUT, opa_url=opa_url)
         self.sidecar.__enter__()
         adapters = [self.mcp] if in_process is None else [self.mcp, in_process]
         self.gateway = Gateway(

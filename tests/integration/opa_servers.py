@@ -14,8 +14,10 @@ import pytest
 
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 
-STARTUP_SECONDS = 20.0
+#: How long an OPA may take to become healthy: a hang bound (often nested in a test's).
+STARTUP_SECONDS = INNER_HANG_SECONDS
 
 
 @dataclass
@@ -35,7 +37,9 @@ def free_port() -> int:
 
 def wait_healthy(address: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
     deadline = time.monotonic() + STARTUP_SECONDS
-    with PolicyClient(address, timeout=1.0, connect_timeout=1.0) as client:
+    # A probe's own deadline is no pace either: a loaded machine may answer every probe
+    # late, and one answer is all this waits for.
+    with PolicyClient(address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT) as client:
         while time.monotonic() < deadline:
             if client.health():
                 return True

@@ -37,8 +37,11 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-#: Seconds to wait for the server to accept connections.
-STARTUP_SECONDS = 60
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
+
+#: Seconds to wait for the server to accept connections: a hang bound, not a pace
+#: (pg_ctl's own wait inside the command's, so pg_ctl's message comes first).
+STARTUP_SECONDS = INNER_HANG_SECONDS
 #: The database superuser initdb creates.
 SUPERUSER = "postgres"
 #: Where Debian's and Ubuntu's packages put the server binaries (not on PATH).
@@ -177,7 +180,7 @@ def start_postgres() -> PostgresServer:
             ],
             root,
             "initdb",
-            120,
+            HANG_SECONDS,
         )
         settings = {
             "listen_addresses": "''",
@@ -206,7 +209,7 @@ def start_postgres() -> PostgresServer:
             ],
             root,
             "pg_ctl start",
-            STARTUP_SECONDS + 10,
+            HANG_SECONDS,
         )
         _wait_accepting(server)
         server.startup_seconds = time.monotonic() - began
@@ -247,7 +250,7 @@ def stop_postgres(server: PostgresServer) -> None:
                 cwd=server.root,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
-                timeout=60,
+                timeout=HANG_SECONDS,  # it must stop; past this the session fails
                 check=False,
             )
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.state.store import Tx
+from tests.hang import INNER_HANG_SECONDS
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -58,7 +59,7 @@ def run_races(url: str, race: str, worker: int, attempts: int, start: Any, resul
 
     def one(n: int) -> None:
         try:
-            go.wait(timeout=60)
+            go.wait(timeout=INNER_HANG_SECONDS)  # the sibling threads must come
             with store.transaction() as tx:
                 won = attempt(tx, race, worker, n)
             with lock:
@@ -68,7 +69,7 @@ def run_races(url: str, race: str, worker: int, attempts: int, start: Any, resul
                 errors.append(traceback.format_exc())
 
     try:
-        start.wait(timeout=120)
+        start.wait(timeout=INNER_HANG_SECONDS)  # the sibling processes must come
         threads = [threading.Thread(target=one, args=(n,)) for n in range(attempts)]
         for thread in threads:
             thread.start()

@@ -25,6 +25,7 @@ from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.state import open_store
 from capgate.gateway.state.store import Store
+from tests.hang import HANG_SECONDS
 from tests.integration.lifecycle_support import (
     FINANCE,
     QUOTE_TASK,
@@ -38,9 +39,6 @@ from tests.integration.lifecycle_support import (
 pytestmark = pytest.mark.integration
 
 AGENT = agent_request(SALES, QUOTE_TASK)
-#: How long a test waits for what must happen before calling it a hang: far longer
-#: than anything here takes on a loaded machine, so no test depends on its speed.
-HANG_SECONDS = 60.0
 
 
 @dataclass
@@ -169,7 +167,7 @@ def test_cancelling_a_started_call_does_not_undo_it(rig: Rig) -> None:
 
     asyncio.run(main())
     release.set()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_SECONDS
     while (recorded := operation_of(rig.store, "op-cancel-1")) is None or recorded.outcome is None:
         assert time.monotonic() < deadline, "the started call never finished"
         time.sleep(0.02)

@@ -36,6 +36,7 @@ from capgate.gateway.state import open_store
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import HANG_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -970,7 +971,7 @@ def test_the_installed_command_runs_the_state_commands(world):
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_SECONDS,  # the command must exit: a hang bound
             check=False,
         )
 

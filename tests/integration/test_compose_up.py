@@ -46,6 +46,7 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.deploy import opa_run_args
 from capgate.gateway.opa.sidecar import PolicySidecar
 from tests.conftest import CONTAINER_MARK
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 from tests.integration.containers_support import pinned_opa_version
 from tests.integration.mcp_server_support import http_session
 
@@ -100,7 +101,7 @@ def bash(script: str, cwd: Path, env: dict[str, str], what: str) -> str:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_SECONDS,  # the script must end: a hang bound
         check=False,
     )
     assert done.returncode == 0, (
@@ -147,7 +148,7 @@ def expected_visible(deploy: Path, tmp_path: Path) -> list[str]:
     shutil.copyfile(deploy / "gateway" / "state.db", copy)
     store = open_store(str(copy))
     try:
-        with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+        with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             gateway = Gateway(catalogue, sidecar.client, ToolRegistry(SalesDesk().tools()), store)
             return sorted(gateway.compose(config.http[0].request).visible)
     finally:
@@ -176,7 +177,7 @@ def test_the_compose_sidecar_runs_exactly_opa_run_args(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
         check=True,
     ).stdout
     services = yaml.safe_load(rendered)["services"]
@@ -234,7 +235,7 @@ def test_docker_compose_up_and_the_demo_work_as_the_page_says(
         assert listed(client_token) == visible
 
         # The OPA container: healthy with its bundle; writes refused to anyone.
-        with httpx.Client(base_url=OPA, trust_env=False, timeout=5.0) as http:
+        with httpx.Client(base_url=OPA, trust_env=False, timeout=ANSWER_TIMEOUT) as http:
             assert http.get("/health", params={"bundles": "true"}).status_code == 200
             for headers in ({}, {"Authorization": f"Bearer {opa_token}"}):
                 for path, body in (
@@ -275,14 +276,14 @@ def test_docker_compose_up_and_the_demo_work_as_the_page_says(
             cwd=session,
             env=env | owner,
             capture_output=True,
-            timeout=120,
+            timeout=HANG_SECONDS,  # it must end, or the next run finds its containers
             check=False,
         )
     left = subprocess.run(
         ["docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
         check=True,
     )
     assert left.stdout.strip() == "", f"containers left behind: {left.stdout}"

@@ -23,6 +23,7 @@ from capgate.gateway.model.facts import ComposeInput
 from capgate.gateway.opa.deploy import SignedBundle, opa_run_args
 from capgate.gateway.policy.client import PolicyClient
 from tests.conftest import CONTAINER_MARK
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.containers_support import OpaContainer, opa_container
 from tests.integration.deploy_support import bundle_server, new_deployment, publish, wait_until
 from tests.integration.test_deploy_lockdown import COMPOSE_INPUT, assert_locked_down
@@ -50,7 +51,7 @@ def rig(tmp_path: Path, sales_catalogue: Catalogue) -> Iterator[Rig]:
 
         # Only the configuration folder: no token file and no key reaches the container.
         with opa_container(command, mounts=[(config.parent, "/deploy")], wait="listening") as opa:
-            with PolicyClient(opa.address, token=token, timeout=5.0) as client:
+            with PolicyClient(opa.address, token=token, timeout=ANSWER_TIMEOUT) as client:
                 wait_until(client.ready, "the container activates the signed bundle")
             yield Rig(token, bundle, opa)
 

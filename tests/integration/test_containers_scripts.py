@@ -26,6 +26,7 @@ from capgate.adapters.fronts.mcp.config import load_config, token_digest
 from capgate.gateway.opa.deploy import init_deployment
 from capgate.gateway.service.credentials import EnvironmentCredentials
 from capgate.gateway.state import open_store
+from tests.hang import HANG_SECONDS
 from tests.integration.containers_support import opa_image, require_engine_and_image
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def _run(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_SECONDS,  # the script must end: a hang bound
         check=False,
     )
 

@@ -16,6 +16,7 @@ from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.deploy import Deployment, signing_algorithm
 from capgate.gateway.opa.sidecar import OPA_TOKEN_ENV, OPA_TOKEN_FILE_ENV, OPA_URL_ENV
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.deploy_support import bundle_server, sidecar_opa, wait_until
 
 pytestmark = pytest.mark.integration
@@ -95,7 +96,7 @@ def test_init_bundle_eval_and_doctor(
         with sidecar_opa(deployment.opa_config, tmp_path / "opa.log") as opa:
             monkeypatch.setenv(OPA_URL_ENV, opa.address)
             token = deployment.token_file.read_text().strip()
-            with PolicyClient(opa.address, token=token, timeout=5.0) as client:
+            with PolicyClient(opa.address, token=token, timeout=ANSWER_TIMEOUT) as client:
                 wait_until(client.ready, "the signed bundle is active")
 
             assert main(["eval", "compose", COMPOSE, "--catalogue", SALES]) == EXIT_ERROR

@@ -21,6 +21,7 @@ from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.deploy import BUNDLE_NAME
 from capgate.gateway.state import open_store
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 from tests.integration.deploy_support import (
     agent_request,
     bundle_server,
@@ -47,7 +48,11 @@ def test_the_log_is_masked_and_its_ids_are_the_gateways(tmp_path: Path, sales_ca
         bundle = publish(server, deployment, sales_catalogue, [token])
         with sidecar_opa(deployment.opa_config, tmp_path / "opa.log") as opa:
             with PolicySidecar(
-                sales_catalogue, opa_url=opa.address, token=token, startup_timeout=15
+                sales_catalogue,
+                opa_url=opa.address,
+                token=token,
+                timeout=ANSWER_TIMEOUT,
+                startup_timeout=INNER_HANG_SECONDS,
             ) as sidecar:
                 store = open_store(str(tmp_path / "state.db"))
                 try:

@@ -27,6 +27,7 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.deploy import Deployment, SignedBundle
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.state import Store, open_store
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 from tests.integration.deploy_support import (
     BundleServer,
     agent_request,
@@ -83,7 +84,13 @@ def fleet(tmp_path: Path, sales_catalogue: Catalogue) -> Iterator[Fleet]:
         for name in ("orders", "billing"):
             opa = stack.enter_context(sidecar_opa(deployment.opa_config, tmp_path / f"{name}.log"))
             sidecar = stack.enter_context(
-                PolicySidecar(sales_catalogue, opa_url=opa.address, token=token, startup_timeout=15)
+                PolicySidecar(
+                    sales_catalogue,
+                    opa_url=opa.address,
+                    token=token,
+                    timeout=ANSWER_TIMEOUT,
+                    startup_timeout=INNER_HANG_SECONDS,
+                )
             )
             store = open_store(str(tmp_path / f"{name}.db"))
             stack.callback(store.close)

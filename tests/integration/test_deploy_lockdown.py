@@ -34,6 +34,7 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.deploy import BUNDLE_NAME, Deployment, SignedBundle
 from capgate.gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, OPA_URL_ENV
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.deploy_support import (
     BundleServer,
     Sidecar,
@@ -74,7 +75,7 @@ def rig(tmp_path: Path, sales_catalogue: Catalogue) -> Iterator[Rig]:
         deployment, token = new_deployment(tmp_path / "deploy", server)
         bundle = publish(server, deployment, sales_catalogue, [token])
         with sidecar_opa(deployment.opa_config, tmp_path / "opa.log") as opa:
-            with PolicyClient(opa.address, token=token, timeout=5.0) as client:
+            with PolicyClient(opa.address, token=token, timeout=ANSWER_TIMEOUT) as client:
                 wait_until(client.ready, "the sidecar activates the signed bundle")
             yield Rig(server, deployment, token, bundle, opa)
 
@@ -82,7 +83,7 @@ def rig(tmp_path: Path, sales_catalogue: Catalogue) -> Iterator[Rig]:
 def decisions_of(address: str, token: str) -> dict[str, bytes]:
     """Each decision's result and provenance, as canonical bytes (the id differs per call)."""
     seen = {}
-    with httpx.Client(base_url=address, trust_env=False, timeout=5.0) as http:
+    with httpx.Client(base_url=address, trust_env=False, timeout=ANSWER_TIMEOUT) as http:
         for path, facts in DECISION_PATHS.items():
             answer = http.post(
                 path,
@@ -131,7 +132,7 @@ def assert_locked_down(address: str, token: str, revision: str) -> None:
     under bundle ``revision``) are the same before and after every attempt."""
     before = decisions_of(address, token)
     identities = {"anonymous": {}, "gateway": {"Authorization": f"Bearer {token}"}}
-    with httpx.Client(base_url=address, trust_env=False, timeout=5.0) as http:
+    with httpx.Client(base_url=address, trust_env=False, timeout=ANSWER_TIMEOUT) as http:
         for who, headers in identities.items():
             for method, path, body, kind in WRITES:
                 sent = {**headers, **({"Content-Type": kind} if kind else {})}

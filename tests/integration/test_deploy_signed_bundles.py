@@ -34,6 +34,7 @@ from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import OPA_STARTUP_TIMEOUT_ENV, OPA_TOKEN_ENV, OPA_URL_ENV
 from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.state import open_store
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.deploy_support import (
     BundleServer,
     Sidecar,
@@ -78,7 +79,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 def _revision_served(opa: Sidecar, token: str) -> Callable[[], str | None]:
     def served() -> str | None:
-        with PolicyClient(opa.address, token=token, timeout=5.0) as client:
+        with PolicyClient(opa.address, token=token, timeout=ANSWER_TIMEOUT) as client:
             try:
                 return client.compose(FACTS).bundle_revisions.get(BUNDLE_NAME)
             except PolicyUnavailable:
@@ -135,20 +136,20 @@ def test_tampered_bundles_are_refused_and_the_last_good_keeps_serving(
     with sidecar_opa(rig.deployment.opa_config, rig.tmp / "opa.log") as opa:
         served = _revision_served(opa, rig.token)
         wait_until(lambda: served() == good.revision, "the good bundle is active")
-        with PolicyClient(opa.address, token=rig.token, timeout=5.0) as client:
+        with PolicyClient(opa.address, token=rig.token, timeout=ANSWER_TIMEOUT) as client:
             before = client.compose(FACTS)
         for kind, (archive, refusal) in tampers.items():
             rig.server.publish_file(archive)
             wait_until(lambda r=refusal: r in opa.log.read_text(), f"OPA refuses the {kind}")
             # Refused, and the good bundle still answers exactly as before.
-            with PolicyClient(opa.address, token=rig.token, timeout=5.0) as client:
+            with PolicyClient(opa.address, token=rig.token, timeout=ANSWER_TIMEOUT) as client:
                 after = client.compose(FACTS)
                 assert after.bundle_revisions == {BUNDLE_NAME: good.revision}, kind
                 assert after.model_dump(exclude={"decision_id"}) == before.model_dump(
                     exclude={"decision_id"}
                 )
                 assert client.ready()
-            anonymous = PolicyClient(opa.address, timeout=5.0)
+            anonymous = PolicyClient(opa.address, timeout=ANSWER_TIMEOUT)
             with anonymous, pytest.raises(PolicyUnavailable, match="401"):
                 anonymous.compose(FACTS)  # the edited authz did not take
         assert opa.bundle_failures() >= len(tampers)
@@ -167,7 +168,7 @@ def test_a_sidecar_that_never_had_a_valid_bundle_answers_nothing(
     publish(rig.server, rig.deployment, sales_catalogue, [rig.token], signing_key=rogue_key)
     with sidecar_opa(rig.deployment.opa_config, tmp_path / "opa.log") as opa:
         wait_until(lambda: opa.bundle_failures() >= 2, "OPA refuses the bundle twice")
-        with PolicyClient(opa.address, token=rig.token, timeout=5.0) as client:
+        with PolicyClient(opa.address, token=rig.token, timeout=ANSWER_TIMEOUT) as client:
             assert not client.ready()
             with pytest.raises(PolicyUnavailable, match=r"HTTP 500 \(internal_error\)"):
                 client.compose(FACTS)
@@ -191,7 +192,9 @@ def test_a_sidecar_that_never_had_a_valid_bundle_answers_nothing(
             PolicySidecar(
                 sales_catalogue, opa_url=opa.address, token=rig.token, startup_timeout=1.5
             )
-        assert 1.5 <= time.monotonic() - started < 30  # waited its 1.5 s, then gave up
+        # Waited its 1.5 s, then gave up ("not ready within 1.5s"); how much later a
+        # loaded machine got round to it is no behaviour.
+        assert time.monotonic() - started >= 1.5
 
 
 def test_capgate_waits_for_a_sidecar_started_before_its_bundle_server_serves(
@@ -204,14 +207,15 @@ def test_capgate_waits_for_a_sidecar_started_before_its_bundle_server_serves(
         monkeypatch.setenv(OPA_URL_ENV, opa.address)
         monkeypatch.setenv(OPA_TOKEN_ENV, rig.token)
         wait_until(lambda: rig.server.requests >= 1, "OPA asks the bundle server")
-        with PolicyClient(opa.address, token=rig.token, timeout=5.0) as client:
+        with PolicyClient(opa.address, token=rig.token, timeout=ANSWER_TIMEOUT) as client:
             assert not client.ready()
             with pytest.raises(PolicyUnavailable):
                 client.compose(FACTS)
         with pytest.raises(PolicyUnavailable, match="not ready"):
             PolicySidecar(sales_catalogue, startup_timeout=0.5)
 
-        monkeypatch.setenv(OPA_STARTUP_TIMEOUT_ENV, "30")
+        # The wait for a bundle that will come: a hang bound, not a pace.
+        monkeypatch.setenv(OPA_STARTUP_TIMEOUT_ENV, str(INNER_HANG_SECONDS))
         outcome: dict[str, object] = {}
 
         def start_gateway() -> None:
@@ -227,14 +231,13 @@ def test_capgate_waits_for_a_sidecar_started_before_its_bundle_server_serves(
         time.sleep(1.5)
         assert starting.is_alive(), f"did not wait: {outcome}"
         bundle: SignedBundle = publish(rig.server, rig.deployment, sales_catalogue, [rig.token])
-        published = time.monotonic()
-        starting.join(timeout=30)
+        starting.join(timeout=HANG_SECONDS)
         assert "error" not in outcome, outcome
         sidecar = outcome["sidecar"]
         assert isinstance(sidecar, PolicySidecar)
         with sidecar:
-            assert float(str(outcome["waited"])) >= 1.5
-            assert time.monotonic() - published < 25  # on activation, not at the 30 s end
+            # On activation, not at the end of its wait: that only a hang could reach.
+            assert 1.5 <= float(str(outcome["waited"])) < INNER_HANG_SECONDS
             assert sidecar.ready()
             decision = sidecar.client.compose(FACTS)
             assert decision.bundle_revisions == {BUNDLE_NAME: bundle.revision}

@@ -11,17 +11,20 @@ Every kind is built from the answer a good OPA would give at that moment (at the
 call, an allow), so a client that accepted it would show the agent every tool or
 run the tool. For every case the test asserts PolicyUnavailable (or its subclass)
 and nothing else, that the tool was never entered, that a redirect target was never
-asked, and that the failure came within the client's deadline plus a margin.
+asked, and that the failure came from the deadline only where nothing else could
+end the answer: an answer that stalls or trickles was cut off before its end, and
+any other was refused for what it said, not timed out (never how long either took:
+a loaded machine is only ever later).
 ``test_a_good_answer_is_obeyed`` is the control: the same harness, answering well,
 does get an allow through and the tool entered, so these tests can fail.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -48,9 +51,10 @@ from capgate.gateway.policy.client import (
     EXECUTE_PATH,
     PolicyClient,
 )
-from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
+from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT
 from capgate.gateway.policy.wire import DeadlineTransport
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.fake_opa import (
     CLOSE,
     RESET,
@@ -74,15 +78,11 @@ DIGEST: str = compile_catalogue(load_catalogue(SALES))["meta"]["digest"]
 OTHER_DIGEST = "sha256:" + "e" * 64
 REVISION = "sha256:" + "7" * 64
 
-#: The client's read timeout in these tests (the default, so that the good answers
-#: every test also needs come well within it on a loaded machine), and the deadline
-#: it implies for a whole answer (PolicyClient: connect_timeout + 2 * timeout).
-TIMEOUT = DEFAULT_TIMEOUT
-DEADLINE = DEFAULT_CONNECT_TIMEOUT + 2 * TIMEOUT
-#: Slack on top of the deadline: a bound that tells a cut-off answer from one waited
-#: for, not a measure of speed. The slow answers below take 15 s or more (a byte
+#: The client's read timeout where the deadline is under test: the default, which
+#: with the connect timeout gives the deadline of a whole answer (PolicyClient:
+#: connect_timeout + 2 * timeout). The slow answers below take 15 s or more (a byte
 #: every 50 ms) unless the deadline cuts them off, and the others never end.
-MARGIN = 5.0
+TIMEOUT = DEFAULT_TIMEOUT
 #: Time between trickled bytes: each arrives well inside the read timeout.
 EVERY = 0.05
 
@@ -388,10 +388,10 @@ class Rig:
     catalogue: Catalogue
     entered: list[str]
 
-    def sidecar(self) -> PolicySidecar:
-        return PolicySidecar(self.catalogue, opa_url=self.fake.address, timeout=TIMEOUT)
+    def sidecar(self, timeout: float = ANSWER_TIMEOUT) -> PolicySidecar:
+        return PolicySidecar(self.catalogue, opa_url=self.fake.address, timeout=timeout)
 
-    def dispatcher(self, sidecar: PolicySidecar) -> Dispatcher:
+    def dispatcher(self, client: PolicyClient) -> Dispatcher:
         tools = InProcessTools()
 
         def read_contact(contact_id: str) -> dict[str, str]:
@@ -399,7 +399,12 @@ class Rig:
             return {"contact_id": contact_id, "name": "Ada", "email": "ada@example.test"}
 
         tools.register("contact.read", "Read one CRM contact.", read_contact)
-        return Dispatcher(self.catalogue, sidecar.client, ToolRegistry(tools))
+        return Dispatcher(self.catalogue, client, ToolRegistry(tools))
+
+
+def timed(reply: Reply) -> bool:
+    """Whether only a deadline may end ``reply``: it stalls, or trickles for longer."""
+    return any(action is STALL or isinstance(action, float) for action in reply.actions)
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -420,14 +425,30 @@ def read_contact(rig: Rig, dispatcher: Dispatcher) -> Outcome:
 
 
 def ask(rig: Rig, phase: str, reply: Reply) -> None:
-    """Install ``reply`` for ``phase`` and ask at that moment, as capgate would."""
+    """Install ``reply`` for ``phase`` and ask at that moment, as capgate would: with
+    the deadline under test (TIMEOUT) for a reply only a deadline may end, and for
+    any other, and for the good answers before the question under test, the hang
+    bound (ANSWER_TIMEOUT)."""
     path = PHASES[phase].path
+    timeout = TIMEOUT if timed(reply) else ANSWER_TIMEOUT
     if phase == "startup":
         rig.fake.route(path, reply)
-        with rig.sidecar():
+        with rig.sidecar(timeout):
             return
-    with rig.sidecar() as sidecar:
-        dispatcher = rig.dispatcher(sidecar)
+    with rig.sidecar() as sidecar, contextlib.ExitStack() as stack:
+        client = sidecar.client
+        if timeout != ANSWER_TIMEOUT:
+            # The sidecar's start (a good answer) waited by the hang bound; the
+            # question under test is asked by a client like its own, with the deadline.
+            client = stack.enter_context(
+                PolicyClient(
+                    rig.fake.address,
+                    timeout=timeout,
+                    expected_catalogue=sidecar.expected_digest,
+                    catalogue_size=len(rig.catalogue.tools),
+                )
+            )
+        dispatcher = rig.dispatcher(client)
         rig.fake.route(path, reply)
         if phase == "compose":
             dispatcher.compose(FACTS)
@@ -439,22 +460,28 @@ def ask(rig: Rig, phase: str, reply: Reply) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_bad_answer_fails_closed(rig: Rig, kind: str, phase: str) -> None:
     reply = KINDS[kind](PHASES[phase], rig.elsewhere.address)
-    started = time.monotonic()
-    with pytest.raises(PolicyUnavailable):
+    with pytest.raises(PolicyUnavailable) as refused:
         ask(rig, phase, reply)
-    elapsed = time.monotonic() - started
     assert rig.entered == [], "the tool must never be entered"
     assert rig.elsewhere.seen == [], "a redirect must never be followed"
-    assert elapsed < DEADLINE + MARGIN, f"failed closed only after {elapsed:.2f}s"
     asked = [seen for seen in rig.fake.seen if seen.path == PHASES[phase].path]
     assert asked, "the fake was asked the question under test"
+    # What ended the question, not how long it took (a loaded machine is only later):
+    # an answer only a deadline may end was cut off before its end (the fake stopped
+    # first, so a reply it was still playing is not counted as played), and any other
+    # was refused for what it said, with time to spare.
+    rig.fake.close()
+    if timed(reply):
+        assert PHASES[phase].path not in rig.fake.played, "the whole answer was waited for"
+    else:
+        assert "in time" not in str(refused.value), str(refused.value)
 
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_good_answer_is_obeyed(rig: Rig, phase: str) -> None:
     """The control: answering well, the harness gets everything through."""
     with rig.sidecar() as sidecar:
-        dispatcher = rig.dispatcher(sidecar)
+        dispatcher = rig.dispatcher(sidecar.client)
         composed = dispatcher.compose(FACTS)
         outcome = read_contact(rig, dispatcher)
     assert sorted(composed.visible) == sorted(rig.catalogue.tools)
@@ -470,12 +497,13 @@ def test_a_good_answer_is_obeyed(rig: Rig, phase: str) -> None:
 def test_a_server_that_never_accepts_fails_closed_at_startup(
     transport: Transport, sales_catalogue: Catalogue
 ) -> None:
-    with FakeOPA(transport, accept=False) as fake:
-        started = time.monotonic()
-        with pytest.raises(PolicyUnavailable, match="in time"):
-            PolicySidecar(sales_catalogue, opa_url=fake.address, timeout=TIMEOUT)
-        elapsed = time.monotonic() - started
-    assert elapsed < DEADLINE + MARGIN
+    # No answer ever comes, so the deadline ("in time") is all that can end this; how
+    # soon a loaded machine gets round to it is no behaviour.
+    with (
+        FakeOPA(transport, accept=False) as fake,
+        pytest.raises(PolicyUnavailable, match="in time"),
+    ):
+        PolicySidecar(sales_catalogue, opa_url=fake.address, timeout=TIMEOUT)
 
 
 class _ThroughHttpx(httpx.BaseTransport):
@@ -503,9 +531,12 @@ def test_the_direct_path_sends_what_httpx_sends(transport: Transport) -> None:
     document = {"result": {"ok": True}, "decision_id": "d-1"}
     with fake_opa(transport, {"/v1/data/capgate/probe": json_reply(document)}) as fake:
         uds = fake.address.removeprefix("unix://") if transport == "unix" else None
-        direct = PolicyClient(fake.address, token="t0ken")
+        direct = PolicyClient(fake.address, token="t0ken", timeout=ANSWER_TIMEOUT)
         through = PolicyClient(
-            fake.address, token="t0ken", transport=_ThroughHttpx(DeadlineTransport(uds=uds))
+            fake.address,
+            token="t0ken",
+            timeout=ANSWER_TIMEOUT,
+            transport=_ThroughHttpx(DeadlineTransport(uds=uds)),
         )
         with direct, through:
             assert direct._edge._direct is not None
@@ -529,12 +560,15 @@ def test_the_deadline_covers_a_trickled_status_line_and_headers(transport: Trans
     as long as the server liked, as httpx times each read, not the exchange."""
     with FakeOPA(transport) as fake:
         fake.route(PHASES["startup"].path, KINDS["headers_trickled"](PHASES["startup"], ""))
-        with PolicyClient(fake.address, timeout=TIMEOUT) as client:
-            started = time.monotonic()
-            with pytest.raises(PolicyUnavailable, match="in time"):
-                client.catalogue_digest()
-            elapsed = time.monotonic() - started
-    assert DEADLINE - 0.05 <= elapsed < DEADLINE + MARGIN
+        with (
+            PolicyClient(fake.address, timeout=TIMEOUT) as client,
+            pytest.raises(PolicyUnavailable, match="in time"),
+        ):
+            client.catalogue_digest()
+    # Cut off before the answer was whole (the fake, stopped first, never played it to
+    # its end), not how soon: a loaded machine is only later, and one that holds a
+    # trickled byte back past the read timeout only ends the call sooner, still closed.
+    assert PHASES["startup"].path not in fake.played
 
 
 def test_cli_eval_reports_a_nested_answer_as_an_error(
@@ -547,8 +581,9 @@ def test_cli_eval_reports_a_nested_answer_as_an_error(
         serve_well(fake)
         fake.route(PHASES["compose"].path, KINDS["nested_100000_deep"](PHASES["compose"], ""))
         code = main(
-            ["eval", "compose", str(facts), "--catalogue", str(SALES), "--opa", fake.address]
-        )
+            ["eval", "compose", str(facts), "--catalogue", str(SALES), "--opa", fake.address,
+             "--timeout", str(ANSWER_TIMEOUT)]
+        )  # fmt: skip
     err = capsys.readouterr().err
     assert code == EXIT_ERROR
     assert "policy_unavailable" in err

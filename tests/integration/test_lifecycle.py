@@ -59,6 +59,7 @@ from capgate.gateway.state.records import (
 )
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import Secret
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration import lifecycle_support as lifecycle_fixtures
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
@@ -417,7 +418,7 @@ def test_two_concurrent_dispatches_send_once(
     start = threading.Barrier(2)
 
     def dispatch(_: int) -> Outcome | CapgateError:
-        start.wait(timeout=30)
+        start.wait(timeout=HANG_SECONDS)
         try:
             return gateway.dispatch(proposal.id)
         except CapgateError as exc:
@@ -608,7 +609,7 @@ def test_concurrent_reviews_record_one_verdict(gateway: Gateway, store: Store) -
     start = threading.Barrier(len(reviewers))
 
     def review(reviewer: Principal) -> str:
-        start.wait(timeout=30)
+        start.wait(timeout=HANG_SECONDS)
         try:
             gateway.review(proposal.id, reviewer, "approved")
         except CapabilityViolation as exc:
@@ -643,7 +644,7 @@ def test_a_contract_changed_since_the_approval_is_not_dispatched(
         tmp_path / "v2", tool_updates={"quote.prepare_send": {"version": 2}}
     )
     catalogue = load_catalogue(folder)
-    with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+    with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
         updated = make_gateway(catalogue, sidecar.client, store, desk.tools())
         denial = denied(lambda: updated.dispatch(proposal.id))
     assert "version_mismatch" in denial.reason_codes
@@ -1132,10 +1133,10 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
     )
     other = make_gateway(
         lifecycle_catalogue, lifecycle_sidecar.client, store, provider.tools(), lease=lease,
-        duplicate_wait=120.0,
+        duplicate_wait=INNER_HANG_SECONDS,  # the runner's outcome must come: a hang bound
     )  # fmt: skip
     held = threading.Event()
-    provider.before_effect = lambda tool: held.wait(120)
+    provider.before_effect = lambda tool: held.wait(HANG_SECONDS)
     params = {"parcel_id": "p-8", "address": "8 Slow Lane"}
     answers: list[Outcome | ProposalRecord | Exception] = []
 
@@ -1161,15 +1162,14 @@ def test_a_live_run_longer_than_its_lease_keeps_it_renewed(
             and first.lease_until is not None
             and op.lease_until > first.lease_until + lease
         ),
-        timeout=60,
         what="a renewal of the lease past the first one",
     )
     assert other.reconcile() == []
     duplicate = threading.Thread(target=ship, args=(other,))
     duplicate.start()  # it waits for the runner's outcome, while the tool is held
     held.set()
-    runner.join(timeout=60)
-    duplicate.join(timeout=150)
+    runner.join(timeout=HANG_SECONDS)  # the answers are asserted: they must come
+    duplicate.join(timeout=HANG_SECONDS)
     assert len(answers) == 2
     assert all(isinstance(a, Outcome) and a.ok for a in answers), answers
     assert len(provider.entries("parcel.ship")) == 1
@@ -1206,7 +1206,7 @@ def test_a_run_whose_lease_lapsed_still_ends_in_its_outcome(
     monkeypatch.setattr(slow._leases, "_renew", lambda *args: None)
     other = make_gateway(lifecycle_catalogue, lifecycle_sidecar.client, store)
     held = threading.Event()
-    provider.before_effect = lambda tool: held.wait(120)
+    provider.before_effect = lambda tool: held.wait(HANG_SECONDS)
     params = {"parcel_id": "p-9", "address": "9 Slow Lane"}
     answers: list[Outcome | ProposalRecord | Exception] = []
 
@@ -1222,7 +1222,7 @@ def test_a_run_whose_lease_lapsed_still_ends_in_its_outcome(
     clock.offset = timedelta(seconds=11)  # past the lease, by the store's clock
     assert [r.operation_id for r in other.reconcile()] == ["op-slow"]
     held.set()
-    runner.join(timeout=60)
+    runner.join(timeout=HANG_SECONDS)  # the answer is asserted: it must come
     [answer] = answers
     assert isinstance(answer, Outcome), answer
     assert answer.ok

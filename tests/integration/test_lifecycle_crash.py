@@ -50,6 +50,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationStatus, ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
+from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
 from tests.integration.lifecycle_children import CRASH_STEPS, METER_REQUEST
@@ -129,7 +130,7 @@ def _run_child(spec: dict[str, Any]) -> None:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=HANG_SECONDS,  # the child must kill itself: a hang bound
         check=False,
     )
     assert done.returncode == -signal.SIGKILL, (
@@ -206,7 +207,7 @@ def test_a_crash_at_any_step_loses_no_row_and_sends_nothing_twice(
 
     # -- what the crash left ---------------------------------------------------------------
     opa_pid = int(Path(spec["opa_pid_file"]).read_text())
-    wait_until(lambda: _pid_gone(opa_pid), timeout=10, what="the child's OPA to stop")
+    wait_until(lambda: _pid_gone(opa_pid), what="the child's OPA to stop")
     effects = provider.entries(route.action)
     assert len(effects) == (1 if step in EFFECT_DONE else 0)
     operation = operation_of(store, operation_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationStatus
 from capgate.gateway.state.store import Store
+from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as store_fixtures
 from tests.integration.lifecycle_children import Result, call_race, race_child
@@ -107,14 +109,17 @@ def race_processes(
     for child in children:
         child.start()
     reports = []
+    # Every child must report and then exit (its exit status is asserted): one hang
+    # bound for all of them, never a pace.
+    deadline = time.monotonic() + HANG_SECONDS
     try:
         for _ in children:
-            reports.append(results.get(timeout=110))
+            reports.append(results.get(timeout=max(0.0, deadline - time.monotonic())))
     except queue.Empty:
         pytest.fail(f"only {len(reports)} of {processes} gateway processes reported: {reports}")
     finally:
         for child in children:
-            child.join(timeout=30)
+            child.join(timeout=max(0.0, deadline - time.monotonic()))
             if child.is_alive():
                 child.kill()
                 child.join()
@@ -236,7 +241,7 @@ def test_concurrent_reconcilers_settle_each_stale_operation_once(
     start = threading.Barrier(len(gateways))
 
     def reconcile(gateway: Gateway) -> list[str] | str:
-        start.wait(timeout=30)
+        start.wait(timeout=HANG_SECONDS)
         try:
             return [record.operation_id for record in gateway.reconcile()]
         except Exception as exc:

@@ -36,6 +36,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
     CAPGATE,
     FINANCE_BOT,
@@ -65,8 +66,8 @@ from tests.integration.opa_servers import free_port
 
 pytestmark = pytest.mark.integration
 
-#: Every test's own bound, well under pytest's timeout: nothing may hang.
-BOUND = 60
+#: Every test's own bound, under pytest's timeout: nothing may hang (tests/hang.py).
+BOUND = HANG_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +278,7 @@ class RawStdio:
     def answer(self, request_id: int) -> bytes:
         """The raw line answering ``request_id`` (notifications in between skipped)."""
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + INNER_HANG_SECONDS
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 1)
             if ready:
@@ -285,7 +286,7 @@ class RawStdio:
                 assert line, "the server closed its stdout"
                 if json.loads(line).get("id") == request_id:
                     return line
-        raise AssertionError("no answer within 30 s")
+        raise AssertionError(f"no answer within {INNER_HANG_SECONDS:g} s")
 
     def call(self, request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
         self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
@@ -297,7 +298,7 @@ class RawStdio:
         assert self.proc.stdout is not None
         self.proc.stdin.close()
         try:
-            return self.proc.wait(timeout=15)
+            return self.proc.wait(timeout=HANG_SECONDS)  # asserted: it must exit
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -380,7 +381,7 @@ def test_a_revoked_connection_notifies_the_handshake_client(state: dict[str, Any
                 set_connection, state["store"], "sales_mailbox", "revoke"
             )
             try:
-                with anyio.fail_after(5):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await changed.wait()
                 after = [t.name for t in (await client.list_tools()).tools]
                 assert after == [name for name in before if name != "quote.prepare_send"]
@@ -389,7 +390,7 @@ def test_a_revoked_connection_notifies_the_handshake_client(state: dict[str, Any
                 await anyio.to_thread.run_sync(
                     set_connection, state["store"], "sales_mailbox", "restore"
                 )
-            with anyio.fail_after(5):
+            with anyio.fail_after(INNER_HANG_SECONDS):
                 await changed.wait()
             assert [t.name for t in (await client.list_tools()).tools] == before
             assert len(changes) == 2  # one per change, no repeats
@@ -407,7 +408,7 @@ def test_a_revoked_connection_reaches_a_2026_listen_stream(state: dict[str, Any]
                     set_connection, state["store"], "sales_mailbox", "revoke"
                 )
                 try:
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(INNER_HANG_SECONDS):
                         event = await subscription.__anext__()
                     assert type(event).__name__ == "ToolsListChanged"
                     after = [t.name for t in (await client.list_tools()).tools]
@@ -417,7 +418,7 @@ def test_a_revoked_connection_reaches_a_2026_listen_stream(state: dict[str, Any]
                     await anyio.to_thread.run_sync(
                         set_connection, state["store"], "sales_mailbox", "restore"
                     )
-                with anyio.fail_after(5):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await subscription.__anext__()
 
     bounded(test)
@@ -458,7 +459,7 @@ def test_a_replaced_policy_bundle_is_announced_and_fails_closed(
                 assert before
                 first_opa.close()  # the operator stops OPA, and starts it with another bundle
                 with opa_at(address, theirs, tmp_path / "theirs.log"):
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(INNER_HANG_SECONDS):
                         await changed.wait()
                     changed = anyio.Event()
                     with pytest.raises(MCPError, match="policy_unavailable"):
@@ -467,7 +468,7 @@ def test_a_replaced_policy_bundle_is_announced_and_fails_closed(
                     assert (refused.meta or {})["capgate/outcome"]["error"] == "policy_unavailable"
                     assert refused.structured_content is None
                 with opa_at(address, ours, tmp_path / "ours-again.log"):
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(INNER_HANG_SECONDS):
                         await changed.wait()
                     assert [t.name for t in (await client.list_tools()).tools] == before
 

@@ -24,6 +24,7 @@ from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
     MODES,
     SALES,
@@ -48,7 +49,8 @@ from tests.integration.mcp_server_support import (
 
 pytestmark = pytest.mark.integration
 
-BOUND = 60
+#: Every test's own bound, under pytest's timeout: nothing may hang (tests/hang.py).
+BOUND = HANG_SECONDS
 #: Fresh tokens for this run: the test searches everything for them afterwards.
 TOKENS = {name: f"cg-{name}-{secrets.token_urlsafe(24)}" for name in ("ada", "bob", "carol")}
 BINDINGS = {
@@ -127,7 +129,7 @@ def test_no_valid_token_no_session_and_no_tools(served: dict[str, Any]):
                     assert "contact" not in answer.text
                 got = await http.get(url, headers={"Accept": "text/event-stream"})
                 assert got.status_code == 401
-        async with httpx2.AsyncClient() as http:
+        async with httpx2.AsyncClient(timeout=INNER_HANG_SECONDS) as http:
             # A token in the query string, or under another scheme, is no token.
             answer = await http.post(f"{url}?access_token={TOKENS['ada']}", json=INITIALIZE)
             assert answer.status_code == 401
@@ -256,6 +258,7 @@ def test_a_slow_tool_in_one_session_does_not_stall_another(served: dict[str, Any
 
 def test_a_revoked_connection_notifies_a_handshake_session(served: dict[str, Any]):
     changed = anyio.Event()
+    get_stream = anyio.Event()
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -264,17 +267,20 @@ def test_a_revoked_connection_notifies_a_handshake_session(served: dict[str, Any
     async def test() -> None:
         nonlocal changed
         async with (
-            http_session(served["url"], TOKENS["ada"], message_handler=on_message) as sales,
+            http_session(
+                served["url"], TOKENS["ada"], message_handler=on_message, get_stream=get_stream
+            ) as sales,
             http_session(served["url"], TOKENS["bob"]) as support,
         ):
             before = names(await sales.list_tools())
             support_before = names(await support.list_tools())
-            await anyio.sleep(0.5)  # the session's GET stream is open by now
+            with anyio.fail_after(INNER_HANG_SECONDS):
+                await get_stream.wait()  # the stream the notification comes by is open
             await anyio.to_thread.run_sync(
                 set_connection, served["store"], "sales_mailbox", "revoke"
             )
             try:
-                with anyio.fail_after(5):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await changed.wait()
                 after = names(await sales.list_tools())
                 assert after == [name for name in before if name != "quote.prepare_send"]
@@ -284,7 +290,7 @@ def test_a_revoked_connection_notifies_a_handshake_session(served: dict[str, Any
                 await anyio.to_thread.run_sync(
                     set_connection, served["store"], "sales_mailbox", "restore"
                 )
-            with anyio.fail_after(5):
+            with anyio.fail_after(INNER_HANG_SECONDS):
                 await changed.wait()
             assert names(await sales.list_tools()) == before
 
@@ -301,14 +307,14 @@ def test_a_revoked_connection_reaches_a_2026_listen_stream_over_http(served: dic
                     set_connection, served["store"], "sales_mailbox", "revoke"
                 )
                 try:
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(INNER_HANG_SECONDS):
                         await subscription.__anext__()
                     assert "quote.prepare_send" not in names(await client.list_tools())
                 finally:
                     await anyio.to_thread.run_sync(
                         set_connection, served["store"], "sales_mailbox", "restore"
                     )
-                with anyio.fail_after(5):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await subscription.__anext__()
                 assert names(await client.list_tools()) == before
 
@@ -323,6 +329,13 @@ def test_watches_end_with_their_sessions(served: dict[str, Any]):
 
     async def test() -> None:
         started = count("watching the tools visible to")
+
+        async def all_watching() -> None:
+            # Until the server's log (read by a thread) has every watch started: a
+            # stream left before its watch started would not show one.
+            while count("watching the tools visible to") - started < 2 * len(BINDINGS):
+                await anyio.sleep(0.05)
+
         async with anyio.create_task_group() as tasks:
             for name in BINDINGS:
 
@@ -336,11 +349,11 @@ def test_watches_end_with_their_sessions(served: dict[str, Any]):
                         http_session(served["url"], token, mode="auto") as client,
                         client.listen(tools_list_changed=True),
                     ):
-                        await anyio.sleep(0.3)
+                        await all_watching()
 
                 tasks.start_soon(handshake)
                 tasks.start_soon(listen)
-        with anyio.fail_after(5):
+        with anyio.fail_after(INNER_HANG_SECONDS):
             while count("the watch of the tools visible to") < count(
                 "watching the tools visible to"
             ):

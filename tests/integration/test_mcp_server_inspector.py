@@ -31,6 +31,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from capgate.gateway.catalogue import load_catalogue
+from tests.hang import HANG_SECONDS
 from tests.integration.mcp_server_support import (
     RETRY_AFTER_SECONDS,
     ROOT,
@@ -46,7 +47,7 @@ from tests.integration.mcp_server_support import (
 pytestmark = pytest.mark.integration
 
 #: Seconds one CLI run may take: a bound on a hang, never a measure of speed.
-BOUND: Final = 120
+BOUND: Final = HANG_SECONDS
 PEERS: Final = ROOT / ".tools" / "mcp-peers"
 PINS: Final = dict(
     line.split("=", 1)

@@ -26,6 +26,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from capgate import open_store
 from capgate.adapters.tools.in_process import InProcessTools
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_upstream_support import (
     SERVER_SCRIPT,
     contract,
@@ -38,7 +39,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPGATE = ROOT / ".venv" / "bin" / "capgate"
-BOUND = 60.0
+#: The test's own bound, under pytest's timeout: nothing may hang (tests/hang.py).
+BOUND = HANG_SECONDS
 
 
 class NoTools:
@@ -77,7 +79,7 @@ def _config(path: Path, servers: str) -> Path:
 
 def _capgate(*args: str) -> str:
     done = subprocess.run(
-        [str(CAPGATE), *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [str(CAPGATE), *args], capture_output=True, text=True, timeout=INNER_HANG_SECONDS, cwd=ROOT
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -151,7 +153,7 @@ def test_a_quarantined_upstream_tool_leaves_the_servers_list_until_accepted(tmp_
 
                 # Upstream, the definition changes while the session is open.
                 write_spec(spec, [_echo(2)])
-                with anyio.fail_after(20):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await changed.wait()
                 assert await names(client) == []
                 denied = await client.call_tool("test.echo", {"message": "two"})
@@ -163,7 +165,7 @@ def test_a_quarantined_upstream_tool_leaves_the_servers_list_until_accepted(tmp_
                 changed = anyio.Event()
                 second = await anyio.to_thread.run_sync(_accept, store, catalogue)
                 assert second != first
-                with anyio.fail_after(20):
+                with anyio.fail_after(INNER_HANG_SECONDS):
                     await changed.wait()
                 assert await names(client) == ["test.echo"]
                 three = await client.call_tool("test.echo", {"message": "three"})

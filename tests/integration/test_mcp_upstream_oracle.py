@@ -34,6 +34,7 @@ from capgate.demo.tools.oracle import oracle
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.contracts import Catalogue, UpstreamRef
 from capgate.gateway.state.records import PinStatus
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_upstream_support import free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -90,19 +91,25 @@ def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, tran
         )
         spec = ServerSpec(ORACLE_SERVER_ID, url=f"http://127.0.0.1:{port}/mcp")
     store = open_store(str(tmp_path / "state.db"))
-    tools = McpTools(catalogue, [spec], store, connect_timeout=30)
+    tools = McpTools(
+        catalogue,
+        [spec],
+        store,
+        connect_timeout=INNER_HANG_SECONDS,
+        call_timeout=INNER_HANG_SECONDS,
+    )
     try:
         with store.transaction() as tx:
             tx.put_tenant("grove", budget_class="standard", budget_limit=None)
         if process is not None:
-            wait_for(lambda: _listing(tools), 30, "the oracle's HTTP server")
+            wait_for(lambda: _listing(tools), what="the oracle's HTTP server")
         else:
             tools.discover()
         pin = accept_definition(
             store, catalogue, ORACLE_SERVER_ID, "oracle", as_tool="oracle", digest=None, by="maria"
         )
         assert pin.status is PinStatus.ACCEPTED
-        with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+        with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             gateway = Gateway(catalogue, sidecar.client, ToolRegistry(tools), store)
             teller = AgentSession(
                 gateway,
@@ -121,7 +128,7 @@ def test_the_omen_over_each_transport_is_the_in_process_one(tmp_path: Path, tran
         store.close()
         if process is not None:
             process.terminate()
-            process.wait(timeout=10)
+            process.wait(timeout=HANG_SECONDS)  # no kill() after it: it must end
 
 
 def _listing(tools: object) -> bool:
@@ -139,7 +146,7 @@ def test_the_oracle_server_refuses_a_non_loopback_address():
         [sys.executable, "-m", "capgate.demo.oracle_server", "--http", "0.0.0.0:8931"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
         check=False,
     )
     assert done.returncode != 0

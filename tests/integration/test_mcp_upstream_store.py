@@ -22,6 +22,7 @@ from capgate.gateway.state.open import backend_for
 from capgate.gateway.state.records import PinStatus, definition_digest
 from capgate.gateway.state.sql import MAX_DEFINITION_BYTES, SqlStore
 from capgate.gateway.state.store import Store
+from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_support import FakeClock, raw_query, raw_sql, raw_tables
@@ -280,6 +281,6 @@ def test_concurrent_observations_and_an_acceptance_leave_one_consistent_pin(stor
                 pass
     finally:
         for thread in threads:
-            thread.join(timeout=60)
+            thread.join(timeout=HANG_SECONDS)  # its errors are asserted: it must end
         acceptor.close()
     assert not errors, errors

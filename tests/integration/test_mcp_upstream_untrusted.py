@@ -38,6 +38,7 @@ from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.model.facts import ConnectionStatus
 from capgate.gateway.opa.bundle import write_bundle
+from tests.hang import ANSWER_TIMEOUT, INNER_HANG_SECONDS
 from tests.integration.mcp_upstream_support import own_server, upstream_tool, write_spec
 from tests.integration.opa_servers import external_opa
 
@@ -120,11 +121,17 @@ def test_tool_output_is_data_and_the_token_appears_nowhere(
                 "acme", alias, status=ConnectionStatus.ACTIVE, account=f"{alias}@acme"
             )
     server = own_server("mailbox", spec, started=started, calls=calls)
-    mcp = McpTools(catalogue, [server], store, connect_timeout=30)
+    mcp = McpTools(
+        catalogue,
+        [server],
+        store,
+        connect_timeout=INNER_HANG_SECONDS,
+        call_timeout=INNER_HANG_SECONDS,
+    )
     try:
         with (
             external_opa(bundle, opa_log) as opa,
-            PolicySidecar(catalogue, opa_url=opa.address, timeout=5.0) as sidecar,
+            PolicySidecar(catalogue, opa_url=opa.address, timeout=ANSWER_TIMEOUT) as sidecar,
         ):
             mcp.discover()
             accept_definition(
@@ -177,7 +184,7 @@ def test_tool_output_is_data_and_the_token_appears_nowhere(
             assert sales.refresh().visible == sales.visible_tools  # nothing widened
 
             decisions = 4  # compose, the inbox call, the payment call, compose again
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + INNER_HANG_SECONDS
             while len(_decisions(opa_log)) < decisions and time.monotonic() < deadline:
                 time.sleep(0.05)
             logged = _decisions(opa_log)

@@ -37,8 +37,10 @@ import pytest
 from capgate.gateway.opa.policies import locate_policies
 from capgate.gateway.opa.process import EmbeddedOPA
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 from tests.integration.test_opa_process import (
     CTRL_C_AS_AT_A_TERMINAL,
+    STARTUP,
     is_alive,
     wait_gone,
     write_bundle,
@@ -119,7 +121,10 @@ def test_policies_see_only_the_minimal_environment(
 ) -> None:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    with EmbeddedOPA(probe_bundle) as opa, PolicyClient(opa.address) as client:
+    with (
+        EmbeddedOPA(probe_bundle, startup_timeout=STARTUP) as opa,
+        PolicyClient(opa.address, timeout=ANSWER_TIMEOUT) as client,
+    ):
         seen, _ = client.query("capgate/probe/env", {})
         in_proc = environ_of(opa.pid)
         expected = minimal_env(opa.socket_path.parent)
@@ -138,8 +143,12 @@ def test_env_adds_exactly_what_the_caller_passes(
 ) -> None:
     monkeypatch.setenv("GOMAXPROCS", "7")  # set here too: only the argument may pass it
     with (
-        EmbeddedOPA(probe_bundle, env={"GOMAXPROCS": "2", "CAPGATE_TEST_FLAG": "on"}) as opa,
-        PolicyClient(opa.address) as client,
+        EmbeddedOPA(
+            probe_bundle,
+            env={"GOMAXPROCS": "2", "CAPGATE_TEST_FLAG": "on"},
+            startup_timeout=STARTUP,
+        ) as opa,
+        PolicyClient(opa.address, timeout=ANSWER_TIMEOUT) as client,
     ):
         seen, _ = client.query("capgate/probe/env", {})
         expected = {
@@ -174,10 +183,10 @@ def test_the_sidecars_opa_sees_only_the_minimal_environment(
     (policies / "capgate" / "probe").mkdir()
     (policies / "capgate" / "probe" / "probe.rego").write_text(PROBE_REGO)
     with PolicySidecar(
-        sales_catalogue, timeout=5.0, policies_dir=policies, opa_env={"GOMAXPROCS": "1"}
+        sales_catalogue, timeout=ANSWER_TIMEOUT, policies_dir=policies, opa_env={"GOMAXPROCS": "1"}
     ) as sidecar:
         assert sidecar.process is not None
-        with PolicyClient(sidecar.process.address, timeout=5.0) as client:
+        with PolicyClient(sidecar.process.address, timeout=ANSWER_TIMEOUT) as client:
             seen, _ = client.query("capgate/probe/env", {})
         expected = {**minimal_env(sidecar.process.socket_path.parent), "GOMAXPROCS": "1"}
         assert seen == expected
@@ -188,7 +197,7 @@ def test_the_sidecars_opa_sees_only_the_minimal_environment(
 
 
 def test_layout_and_modes(bundle: Path, tmpdir_env: Path) -> None:
-    with EmbeddedOPA(bundle) as opa:
+    with EmbeddedOPA(bundle, startup_timeout=STARTUP) as opa:
         opa_dir = opa.socket_path.parent
         run = opa_dir.parent
         root = run.parent
@@ -228,7 +237,7 @@ def test_other_users_can_neither_read_the_log_nor_connect(bundle: Path, tmpdir_e
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         pytest.skip("no system python3 that another user may run")
-    with EmbeddedOPA(bundle) as opa:
+    with EmbeddedOPA(bundle, startup_timeout=STARTUP) as opa:
         args = [python, "-I", "-c", PEEK, str(opa.log_path), str(opa.socket_path)]
 
         def peek(**kwargs: Any) -> str:
@@ -241,7 +250,7 @@ def test_other_users_can_neither_read_the_log_nor_connect(bundle: Path, tmpdir_e
 
 # -- 2. folders: however a process ends ----------------------------------------------
 
-OWNER = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
+OWNER = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent(f"""\
     import json, sys, time
     from pathlib import Path
 
@@ -251,17 +260,17 @@ OWNER = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
         from capgate.gateway.catalogue import load_catalogue
         from capgate.gateway.opa.sidecar import PolicySidecar
 
-        owner = PolicySidecar(load_catalogue(demo_catalogue_dir("sales")), timeout=5.0)
+        owner = PolicySidecar(load_catalogue(demo_catalogue_dir("sales")), timeout={ANSWER_TIMEOUT})
         opa, finish = owner.process, owner.close
     else:
         from capgate.gateway.opa.process import EmbeddedOPA
 
-        opa = EmbeddedOPA(Path(sys.argv[3])).start()
+        opa = EmbeddedOPA(Path(sys.argv[3]), startup_timeout={STARTUP}).start()
         finish = opa.stop
-    print(json.dumps({"pid": opa.pid, "dir": str(opa.socket_path.parent),
-                      "address": opa.address}), flush=True)
+    print(json.dumps({{"pid": opa.pid, "dir": str(opa.socket_path.parent),
+                       "address": opa.address}}), flush=True)
     if then == "sleep":
-        time.sleep(120)
+        time.sleep({HANG_SECONDS})  # until the test ends it
     elif then == "close":
         finish()
     # "exit": end without closing anything
@@ -291,12 +300,12 @@ class Owner:
 
     def end(self, sig: signal.Signals) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
+        return self.proc.wait(timeout=HANG_SECONDS)  # its status is asserted
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.communicate(timeout=30)  # reap, and close both pipes
+        self.proc.communicate(timeout=HANG_SECONDS)  # reap, and close both pipes
 
 
 def start_and_stop_another(bundle: Path) -> None:
@@ -306,7 +315,7 @@ def start_and_stop_another(bundle: Path) -> None:
         cwd=REPO,
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
     )
 
 
@@ -330,7 +339,7 @@ def test_an_unclosed_sidecar_is_removed_at_exit(tmpdir_env: Path) -> None:
     owner = Owner("sidecar", "exit")
     try:
         assert owner.opa_dir.is_relative_to(tmpdir_env)
-        assert owner.proc.wait(timeout=30) == 0
+        assert owner.proc.wait(timeout=HANG_SECONDS) == 0
         assert wait_gone(owner.opa_pid)
     finally:
         owner.close()
@@ -348,7 +357,7 @@ def test_live_owners_folders_are_never_swept(bundle: Path, tmpdir_env: Path) -> 
         for owner in owners:
             assert owner.opa_dir.is_relative_to(tmpdir_env)
             assert is_alive(owner.opa_pid)
-            with PolicyClient(owner.address, timeout=5.0) as client:
+            with PolicyClient(owner.address, timeout=ANSWER_TIMEOUT) as client:
                 assert client.health()
         for owner in owners:  # Ctrl-C: the owners clean up themselves
             assert owner.end(signal.SIGINT) != 0
@@ -389,7 +398,7 @@ def test_ctrl_c_during_startup_leaves_nothing(tmp_path: Path, tmpdir_env: Path) 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_SECONDS
         started = None
         while started is None and time.monotonic() < deadline and owner.poll() is None:
             for log in tmpdir_env.rglob("opa.log"):
@@ -397,11 +406,11 @@ def test_ctrl_c_during_startup_leaves_nothing(tmp_path: Path, tmpdir_env: Path) 
             time.sleep(0.05)
         assert started is not None, "the stand-in OPA never started"
         owner.send_signal(signal.SIGINT)
-        owner.wait(timeout=30)
+        owner.wait(timeout=HANG_SECONDS)  # its status is asserted
     finally:
         if owner.poll() is None:
             owner.kill()
-        _, stderr = owner.communicate(timeout=30)
+        _, stderr = owner.communicate(timeout=HANG_SECONDS)
     assert owner.returncode != 0
     assert "KeyboardInterrupt" in stderr
     assert wait_gone(int(started[1])), "stop() during startup ended the OPA process"
@@ -454,7 +463,7 @@ DISK_FULL = textwrap.dedent("""\
     result = {"raised": None}
     try:
         if what == "sidecar":
-            with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+            with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
                 session = AgentSession(Dispatcher(catalogue, sidecar.client,
                                                   ToolRegistry(tools)), facts)
                 session.call_tool("contact.read", contact_id="c-42")
@@ -469,7 +478,7 @@ DISK_FULL = textwrap.dedent("""\
     result["left"] = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")
                             if p.name != "filler" and p != tmp / f"capgate-{os.geteuid()}")
     print(json.dumps(result))
-    """)
+    """).replace("ANSWER_TIMEOUT", str(ANSWER_TIMEOUT))
 
 
 def check_disk_full(result: dict[str, Any], tmpdir: Path, folder: str) -> None:
@@ -504,7 +513,7 @@ def test_a_full_disk_fails_closed_naming_the_folder(
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
     )
     assert done.returncode == 0, done.stderr
     check_disk_full(json.loads(done.stdout), tmpdir_env, folder)
@@ -542,7 +551,7 @@ def test_a_full_tmpfs_fails_closed_naming_the_folder(
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_SECONDS,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

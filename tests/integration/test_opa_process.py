@@ -25,11 +25,14 @@ import pytest
 from capgate.gateway.errors import OPAProcessError, PolicyUnavailable
 from capgate.gateway.opa.process import EmbeddedOPA
 from capgate.gateway.policy.client import PolicyClient
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "0" * 64
+#: How long an OPA that must start may take to: a hang bound, not EmbeddedOPA's 15 s.
+STARTUP = INNER_HANG_SECONDS
 SECRET = "tenant-secret-7d1e"
 
 
@@ -72,7 +75,7 @@ def bundle(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def opa(bundle: Path) -> Iterator[EmbeddedOPA]:
-    with EmbeddedOPA(bundle) as process:
+    with EmbeddedOPA(bundle, startup_timeout=STARTUP) as process:
         yield process
 
 
@@ -92,7 +95,7 @@ def is_alive(pid: int) -> bool:
     return not state.split(":", 1)[1].strip().startswith(("Z", "X")) if state else False
 
 
-def wait_gone(pid: int, seconds: float = 15.0) -> bool:
+def wait_gone(pid: int, seconds: float = INNER_HANG_SECONDS) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if not is_alive(pid):
@@ -112,7 +115,7 @@ def test_start_serves_the_bundle_on_a_private_socket(opa: EmbeddedOPA) -> None:
     assert stat.S_ISSOCK(opa.socket_path.stat().st_mode)
     assert stat.S_IMODE(opa.socket_path.stat().st_mode) == 0o600
     assert opa.log_path.parent == private
-    with PolicyClient(opa.address) as client:
+    with PolicyClient(opa.address, timeout=ANSWER_TIMEOUT) as client:
         assert client.health(bundles=True)
         assert client.catalogue_digest() == DIGEST
         decision = client.query("capgate/compose/decision", {})
@@ -146,7 +149,7 @@ def test_opa_listens_on_no_tcp_port(opa: EmbeddedOPA) -> None:
 
 
 def test_decisions_get_ids_but_leave_nothing_in_opas_log(opa: EmbeddedOPA) -> None:
-    with PolicyClient(opa.address) as client:
+    with PolicyClient(opa.address, timeout=ANSWER_TIMEOUT) as client:
         ids = [client.query("capgate/compose/decision", {"tenant": SECRET})[1] for _ in range(3)]
         assert client.health()
     assert all(ids)
@@ -162,7 +165,7 @@ def test_decisions_get_ids_but_leave_nothing_in_opas_log(opa: EmbeddedOPA) -> No
 
 
 def test_stop_ends_opa_removes_the_directory_and_is_idempotent(bundle: Path) -> None:
-    opa = EmbeddedOPA(bundle).start()
+    opa = EmbeddedOPA(bundle, startup_timeout=STARTUP).start()
     pid, private = opa.pid, opa.socket_path.parent
     address = opa.address
     opa.stop()
@@ -213,7 +216,7 @@ def test_stop_kills_an_opa_that_ignores_sigterm(bundle: Path, tmp_path: Path) ->
     stubborn = tmp_path / "stubborn-opa"
     stubborn.write_text(f"#!{sys.executable}\n{STUBBORN_OPA}")
     stubborn.chmod(0o755)
-    opa = EmbeddedOPA(bundle, opa_binary=stubborn).start()
+    opa = EmbeddedOPA(bundle, opa_binary=stubborn, startup_timeout=STARTUP).start()
     pid = opa.pid
     started = time.monotonic()
     opa.stop()
@@ -284,14 +287,14 @@ CTRL_C_AS_AT_A_TERMINAL = (
     "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 )
 
-CHILD = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent("""\
+CHILD = CTRL_C_AS_AT_A_TERMINAL + textwrap.dedent(f"""\
     import sys, time
     from pathlib import Path
     from capgate.gateway.opa.process import EmbeddedOPA
 
-    with EmbeddedOPA(Path(sys.argv[1])) as opa:
+    with EmbeddedOPA(Path(sys.argv[1]), startup_timeout={STARTUP}) as opa:
         print(opa.pid, opa.socket_path.parent, flush=True)
-        time.sleep(120)
+        time.sleep({HANG_SECONDS})  # until the test stops it
     """)
 
 
@@ -319,7 +322,7 @@ def test_ctrl_c_in_the_owner_stops_opa(bundle: Path) -> None:
     try:
         assert is_alive(opa_pid)
         owner.send_signal(signal.SIGINT)
-        owner.wait(timeout=30)
+        owner.wait(timeout=HANG_SECONDS)
         assert wait_gone(opa_pid), "OPA outlived a Ctrl-C of its owner"
         assert not directory.exists(), "the with block removed the private directory"
     finally:
@@ -334,7 +337,7 @@ def test_kill_9_of_the_owner_still_stops_opa(bundle: Path) -> None:
     try:
         assert is_alive(opa_pid)
         owner.send_signal(signal.SIGKILL)
-        owner.wait(timeout=30)
+        owner.wait(timeout=HANG_SECONDS)
         assert wait_gone(opa_pid), "OPA outlived kill -9 of its owner (PR_SET_PDEATHSIG)"
     finally:
         owner.kill()

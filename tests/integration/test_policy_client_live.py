@@ -31,7 +31,7 @@ from capgate.gateway.opa.deploy import token_sha256
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.process import EmbeddedOPA
 from capgate.gateway.policy.client import PolicyClient
-from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 from tests.integration.opa_servers import STARTUP_SECONDS, Server, external_opa, free_port
 
 pytestmark = pytest.mark.integration
@@ -155,8 +155,11 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
 
 @pytest.fixture
 def client(server: Server) -> Iterator[PolicyClient]:
-    # Generous timeouts: a 2-core shared CI machine can stall for a while.
-    with PolicyClient(server.address, timeout=5.0, connect_timeout=5.0) as policy:
+    # Where a test waits for OPA's answer, not for a timeout, the client's timeouts are
+    # the hang bound: a loaded 2-core machine can stall for a long while.
+    with PolicyClient(
+        server.address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT
+    ) as policy:
         yield policy
 
 
@@ -208,8 +211,8 @@ def test_decisions_carry_catalogue_digest_revision_and_opa_version(client: Polic
 def test_pinned_catalogue_and_revision_are_accepted(server: Server) -> None:
     with PolicyClient(
         server.address,
-        timeout=5.0,
-        connect_timeout=5.0,
+        timeout=ANSWER_TIMEOUT,
+        connect_timeout=ANSWER_TIMEOUT,
         expected_catalogue=DIGEST,
         expected_revision=REVISION,
     ) as pinned:
@@ -229,7 +232,9 @@ def test_a_pin_that_opa_does_not_match_fails_closed(
     server: Server, pins: dict[str, str], named: str
 ) -> None:
     with (
-        PolicyClient(server.address, timeout=5.0, connect_timeout=5.0, **pins) as pinned,
+        PolicyClient(
+            server.address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT, **pins
+        ) as pinned,
         pytest.raises(PolicyUnavailable) as info,
     ):
         pinned.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
@@ -292,7 +297,7 @@ def test_opa_killed_mid_run_fails_closed_and_the_tool_never_runs(
 
 def wait_dead(pid: int) -> None:
     """Until ``pid`` is gone or a zombie; it is our child, so nobody reaps it yet."""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + HANG_SECONDS
     while time.monotonic() < deadline:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
@@ -319,7 +324,10 @@ def test_a_server_that_never_answers_times_out_quickly() -> None:
             with pytest.raises(PolicyUnavailable, match="in time"):
                 slow.execute(ExecuteInput.model_validate(EXECUTE_FACTS))
             elapsed = time.monotonic() - started
-    assert 0.25 <= elapsed < 10.0  # cut off by the timeout (never by an answer), not hung
+    # Cut off by the timeout ("in time"), never by an answer: so not before it. No upper
+    # bound: how late a loaded machine gets round to it is no behaviour (a hang is
+    # pytest's timeout's to catch).
+    assert elapsed >= 0.25
 
 
 def test_nothing_listening_is_unreachable() -> None:
@@ -344,6 +352,7 @@ def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
     # test_fake_opa.py trickles the status line and headers too, over both transports.)
     body = b'{"result": {"visible": [], "excluded": {}}}' + b" " * 600
     stop = threading.Event()
+    sent: list[int] = []
 
     def trickle(listener: socket.socket) -> None:
         conn, _ = listener.accept()
@@ -357,6 +366,7 @@ def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
                 if stop.is_set():
                     return
                 conn.sendall(bytes([byte]))
+                sent.append(byte)
                 time.sleep(0.1)
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
@@ -367,15 +377,15 @@ def test_a_server_that_trickles_its_answer_hits_the_overall_deadline() -> None:
         worker.start()
         try:
             with PolicyClient(f"http://127.0.0.1:{port}", timeout=0.5) as client:
-                started = time.monotonic()
                 with pytest.raises(PolicyUnavailable, match="in time"):
                     client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
-                elapsed = time.monotonic() - started
+                cut_at = len(sent)
         finally:
             stop.set()
             worker.join(timeout=5)
-    deadline = DEFAULT_CONNECT_TIMEOUT + 2 * 0.5
-    assert elapsed < deadline + 10.0  # cut off by the deadline, long before the 60 s answer
+    # Cut off by the deadline while the answer was still arriving, not after it: what
+    # was sent by then, not how long it took (a loaded machine is late, never early).
+    assert cut_at < len(body)
 
 
 # -- a locked-down OPA: token authentication and the deployment's system.authz ---------
@@ -426,7 +436,9 @@ def test_a_locked_down_opa_answers_the_token_only(transport: str, tmp_path: Path
             env={},
         )
     try:
-        with PolicyClient(address, token=token, timeout=5.0, connect_timeout=5.0) as client:
+        with PolicyClient(
+            address, token=token, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT
+        ) as client:
             deadline = time.monotonic() + STARTUP_SECONDS
             while not client.ready():
                 assert proc.poll() is None, log.read_text()
@@ -435,16 +447,20 @@ def test_a_locked_down_opa_answers_the_token_only(transport: str, tmp_path: Path
             assert client.catalogue_digest() == DIGEST
             composed = client.compose(ComposeInput.model_validate(COMPOSE_FACTS))
             assert composed.catalogue_digest == DIGEST
-        with PolicyClient(address, timeout=5.0) as anonymous:
+        with PolicyClient(
+            address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT
+        ) as anonymous:
             assert anonymous.ready()  # health is anyone's
             with pytest.raises(PolicyUnavailable, match=r"401.*requires a token"):
                 anonymous.catalogue_digest()
-        impostor = PolicyClient(address, token="another-token", timeout=5.0)
+        impostor = PolicyClient(
+            address, token="another-token", timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT
+        )
         with impostor, pytest.raises(PolicyUnavailable, match=r"401.*refused this client's token"):
             impostor.compose(ComposeInput.model_validate(COMPOSE_FACTS))
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_SECONDS)  # no kill() after it: it must end
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -496,7 +512,9 @@ def test_a_request_goes_out_in_one_write() -> None:
     listener, chunks, thread = _recording_server(answer)
     with listener:
         address = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        with PolicyClient(address, timeout=2.0) as client:
+        with PolicyClient(
+            address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT
+        ) as client:
             assert client.query("capgate/anything", {"pad": "x" * 2000}) == ({"ok": True}, None)
         thread.join(timeout=5)
     assert len(chunks) == 1, f"the request arrived in {len(chunks)} writes"
@@ -519,7 +537,7 @@ def test_an_answer_whose_end_is_ambiguous_fails_closed(headers: list[str]) -> No
     with listener:
         address = f"http://127.0.0.1:{listener.getsockname()[1]}"
         with (
-            PolicyClient(address, timeout=2.0) as client,
+            PolicyClient(address, timeout=ANSWER_TIMEOUT, connect_timeout=ANSWER_TIMEOUT) as client,
             pytest.raises(PolicyUnavailable, match="transport error"),
         ):
             client.query("capgate/anything", {})

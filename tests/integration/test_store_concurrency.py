@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ import pytest
 
 from capgate.gateway.state import open_store
 from capgate.gateway.state.store import SCHEMA_VERSION, Store, Tx
+from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
 from tests.integration.store_races import attempt, run_races
@@ -47,7 +49,7 @@ def _race(store: Store, threads: int, body: Callable[[Tx, int], T]) -> list[T]:
     start = threading.Barrier(threads)
 
     def one(n: int) -> T:
-        start.wait(timeout=60)
+        start.wait(timeout=HANG_SECONDS)
         with store.transaction() as tx:
             return body(tx, n)
 
@@ -95,7 +97,7 @@ def test_8_threads_append_400_rows_to_one_chain(store: Store):
     start = threading.Barrier(8)
 
     def appender(worker: int) -> None:
-        start.wait(timeout=60)
+        start.wait(timeout=HANG_SECONDS)
         for n in range(50):
             with store.transaction() as tx:
                 attempt(tx, "ledger", worker, n)
@@ -127,14 +129,17 @@ def _race_processes(url: str, race: str, processes: int, attempts_each: int) -> 
     for child in children:
         child.start()
     reports = []
+    # Every child must report and then exit (its exit status is asserted): one hang
+    # bound for all of them, never a pace.
+    deadline = time.monotonic() + HANG_SECONDS
     try:
         for _ in children:
-            reports.append(results.get(timeout=100))
+            reports.append(results.get(timeout=max(0.0, deadline - time.monotonic())))
     except queue.Empty:
         pytest.fail(f"only {len(reports)} of {processes} processes reported: {reports}")
     finally:
         for child in children:
-            child.join(timeout=30)
+            child.join(timeout=max(0.0, deadline - time.monotonic()))
             if child.is_alive():
                 child.kill()
                 child.join()
