@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from capgate.gateway.errors import PolicyUnavailable
+from capgate.gateway.errors import PolicyUnavailable, cut
 from capgate.gateway.model.decisions import (
     ATTACHED_FIELDS,
     ComposeDecision,
@@ -258,12 +258,16 @@ def validate(path: str, model: type[_D], envelope: Envelope) -> _D:
     try:
         return model.model_validate(document)
     except ValidationError as exc:
+        # The locations name the answer's own keys, which OPA (or an impostor)
+        # chooses: each is cut short, and so is the list, as for any caller data.
+        errors = exc.errors(include_input=False, include_url=False)
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['type']}"
-            for err in exc.errors(include_input=False, include_url=False)
+            f"{cut('.'.join(str(p) for p in err['loc']), 80) or '<root>'}: {err['type']}"
+            for err in errors[:5]
         )
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise PolicyUnavailable(
-            f"decision {path} does not fit {model.__name__}: {problems}"
+            f"decision {path} does not fit {model.__name__}: {problems}{more}"
         ) from None
     except RecursionError:
         raise PolicyUnavailable(f"decision {path} is nested too deeply to check") from None
