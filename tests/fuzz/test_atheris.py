@@ -59,7 +59,7 @@ def test_fuzz_target_runs_clean(target: str, tmp_path: Path) -> None:
         errors="replace",
         cwd=tmp_path,
         env={**os.environ, "PYTHONHASHSEED": "0"},
-        timeout=seconds + HANG_SECONDS,  # its own budget, then it must exit: a hang bound
+        timeout=(seconds or 0) + HANG_SECONDS,  # its own budget, then it must exit: a hang bound
         check=False,
     )
     elapsed = time.perf_counter() - started
