@@ -23,6 +23,7 @@ from typing import Final
 import pytest
 
 from tests.fuzz.runs import ATHERIS_SEED, RESULTS, atheris_runs, atheris_seconds
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 
 SCRIPT: Final = Path(__file__).with_name("fuzz_targets.py")
 #: libFuzzer's last status line: "#150000	DONE   cov: 92 ft: 129 corp: 41/737b ...".
@@ -45,7 +46,7 @@ def test_fuzz_target_runs_clean(target: str, tmp_path: Path) -> None:
         target,
         *budget,
         f"-seed={ATHERIS_SEED}",
-        "-timeout=20",  # seconds for one input: longer is a hang
+        f"-timeout={int(INNER_HANG_SECONDS)}",  # seconds for one input: longer is a hang
         "-rss_limit_mb=2048",
         "-print_final_stats=1",
         f"-artifact_prefix={tmp_path}/",
@@ -58,7 +59,7 @@ def test_fuzz_target_runs_clean(target: str, tmp_path: Path) -> None:
         errors="replace",
         cwd=tmp_path,
         env={**os.environ, "PYTHONHASHSEED": "0"},
-        timeout=(seconds or 60) + 100,
+        timeout=(seconds or 0) + HANG_SECONDS,  # its own budget, then it must exit: a hang bound
         check=False,
     )
     elapsed = time.perf_counter() - started

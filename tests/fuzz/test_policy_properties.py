@@ -59,6 +59,7 @@ from capgate.gateway.opa.bundle import write_bundle
 from tests.fuzz.harness import Tally
 from tests.fuzz.runs import examples, fuzz_settings, load_project_code
 from tests.fuzz.strategies import one_in
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.opa_servers import external_opa
 
 load_project_code()  # the same examples alone and in the whole suite (tests/fuzz/runs.py)
@@ -102,7 +103,7 @@ class Policies:
     """Ask the real policies about a generated catalogue, one request per example."""
 
     def __init__(self, address: str) -> None:
-        self.client = httpx.Client(base_url=address, timeout=30.0)
+        self.client = httpx.Client(base_url=address, timeout=ANSWER_TIMEOUT)
 
     def ask(
         self,

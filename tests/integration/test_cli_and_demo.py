@@ -14,6 +14,7 @@ from capgate.demo.scenes import run_demo
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.opa_servers import external_opa, free_port
 
 pytestmark = pytest.mark.integration
@@ -82,7 +83,7 @@ def test_external_opa_serves_the_bundle_the_cli_wrote(
     assert main(["bundle", SALES, str(tmp_path / "bundle")]) == EXIT_OK
     with external_opa(tmp_path / "bundle", tmp_path / "opa.log") as server:
         monkeypatch.setenv(OPA_URL_ENV, server.address)
-        with PolicySidecar(sales_catalogue) as sidecar:
+        with PolicySidecar(sales_catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             assert not sidecar.embedded
             assert sidecar.client.catalogue_digest() == sidecar.expected_digest
 
@@ -93,7 +94,7 @@ def test_external_opa_with_another_catalogue_is_refused(tmp_path, oracle_catalog
         external_opa(tmp_path / "bundle", tmp_path / "opa.log") as server,
         pytest.raises(PolicyUnavailable, match="catalogue"),
     ):
-        PolicySidecar(oracle_catalogue, opa_url=server.address)
+        PolicySidecar(oracle_catalogue, opa_url=server.address, timeout=ANSWER_TIMEOUT)
 
 
 def test_unreachable_external_opa_fails_closed(sales_catalogue: Catalogue):

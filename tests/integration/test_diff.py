@@ -36,6 +36,7 @@ from capgate.gateway.policy.timeouts import (
     PER_TOOL_TIMEOUT,
     whole_catalogue_timeout,
 )
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = pytest.mark.integration
@@ -104,7 +105,12 @@ def scratch(tmp_path: Path) -> Path:
 
 
 def diff(capsys: pytest.CaptureFixture[str], repo: Path, *args: str) -> tuple[int, str, str]:
-    code = main(["diff", *args, "--repo", str(repo), "--catalogue", "catalogue"])
+    # Each opa eval must finish: the timeout its bound is made of is the hang bound's
+    # (a test of that bound gives its own --timeout, after this one).
+    code = main(
+        ["diff", "--timeout", str(ANSWER_TIMEOUT), *args, "--repo", str(repo),
+         "--catalogue", "catalogue"]
+    )  # fmt: skip
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

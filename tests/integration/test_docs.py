@@ -130,6 +130,7 @@ from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Re
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.opa_servers import wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -317,7 +318,7 @@ def docs_catalogue(docs_catalogue_dir: Path) -> Catalogue:
 
 @pytest.fixture(scope="module")
 def docs_opa(docs_catalogue: Catalogue) -> Iterator[PolicySidecar]:
-    with PolicySidecar(docs_catalogue, timeout=5.0) as sidecar:
+    with PolicySidecar(docs_catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
         yield sidecar
 
 
@@ -696,7 +697,7 @@ class ShellSession:
             cwd=self.cwd,
             env=self.env,
             capture_output=True,
-            timeout=60,
+            timeout=HANG_SECONDS,  # the command must end: a hang bound
             check=False,
         )
         output = f"{done.stdout.decode()}{done.stderr.decode()}"
@@ -704,7 +705,7 @@ class ShellSession:
             f"{where}: exit status {done.returncode}, expected {expected}:\n  {command}\n{output}"
         )
         if server:
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + INNER_HANG_SECONDS
             while _decision_count(server.log) <= decisions_before:
                 assert time.monotonic() < deadline, f"{where}: the server logged no decision"
                 time.sleep(0.05)

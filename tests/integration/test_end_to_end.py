@@ -50,6 +50,7 @@ from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import Secret
 from capgate.gateway.tools.registry import ToolRegistry
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -335,14 +336,14 @@ def sales_facts() -> ComposeInput:
 
 
 def test_killed_opa_fails_closed_and_tool_is_never_entered(sales_catalogue, desk):
-    with PolicySidecar(sales_catalogue) as sidecar:
+    with PolicySidecar(sales_catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
         dispatcher = Dispatcher(sales_catalogue, sidecar.client, ToolRegistry(desk.tools()))
         read = {"contact_id": "c-42"}
         dispatcher.call(sales_facts(), "contact.read", read, budget=call_budget())
         assert desk.entered == ["contact.read"]
         assert sidecar.process is not None
         os.kill(sidecar.process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_SECONDS
         while sidecar.process.running and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not sidecar.process.running

@@ -21,6 +21,7 @@ import pytest
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput
 from capgate.gateway.opa.sidecar import PolicySidecar
+from tests.hang import ANSWER_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +154,7 @@ def generated_call(
 def world() -> Iterator[tuple[random.Random, Catalogue, PolicySidecar]]:
     rng = random.Random(SEED)
     catalogue = generated_catalogue(rng, 60)
-    with PolicySidecar(catalogue, timeout=5.0) as sidecar:
+    with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
         yield rng, catalogue, sidecar
 
 

@@ -345,7 +345,7 @@ def test_a_changed_definition_is_quarantined_until_accepted_again(tmp_path: Path
             stderr=subprocess.DEVNULL,
         )
         server = ServerSpec("test", url=f"http://127.0.0.1:{port}/mcp")
-        wait_for(lambda: _listening(port), 30, "the HTTP server")
+        wait_for(lambda: _listening(port), what="the HTTP server")
     else:
         server = own_server("test", spec)
     mode = "legacy" if transport == "stdio-handshake-era" else "auto"
@@ -360,8 +360,7 @@ def test_a_changed_definition_is_quarantined_until_accepted_again(tmp_path: Path
             write_spec(spec, [_echo_v(2)])
             changed = wait_for(
                 lambda: (p := harness.pin("test", "echo")) and p.status is PinStatus.CHANGED and p,
-                20,
-                "the change to be recorded",
+                what="the change to be recorded",
             )
             assert changed.observed_digest != first.accepted_digest
             composed = harness.compose("reader")

@@ -173,8 +173,7 @@ def test_a_change_between_the_check_and_the_send_is_not_sent(tmp_path: Path) -> 
             lambda: (
                 (p := harness.pin("test", "echo")) is not None and p.status is PinStatus.CHANGED
             ),
-            30,
-            "the new listing to be read",
+            what="the new listing to be read",
         )
         with pytest.raises(ToolRetryable, match="nothing was sent") as caught:
             harness.mcp.run("test.echo", {"message": "late"}, CallContext(operation_id="op-late"))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_SECONDS
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +31,9 @@ OPA = REPO / ".tools" / "bin" / "opa"
 
 
 def _run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False, **kw)  # type: ignore[call-overload]
+    done = subprocess.run(  # type: ignore[call-overload]
+        args, capture_output=True, text=True, timeout=HANG_SECONDS, check=False, **kw
+    )
     assert done.returncode == 0, f"{args[:3]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done  # type: ignore[no-any-return]
 
@@ -235,7 +239,12 @@ def test_doctor_in_the_installed_package_shows_what_is_in_use(venv: Path):
 def test_without_any_opa_the_installed_package_says_how_to_get_one(venv: Path):
     doctor = venv / "venv" / "bin" / "capgate"
     done = subprocess.run(
-        [str(doctor), "doctor"], cwd=venv, env=_env(), capture_output=True, text=True, timeout=120
+        [str(doctor), "doctor"],
+        cwd=venv,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
     )
     assert done.returncode == 2
     line = next(row for row in done.stdout.splitlines() if "opa binary" in row)

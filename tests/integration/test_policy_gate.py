@@ -20,6 +20,8 @@ from typing import Final
 
 import pytest
 
+from tests.hang import HANG_SECONDS
+
 pytestmark = pytest.mark.integration
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def gate(step: str, policies: Path) -> subprocess.CompletedProcess[str]:
         ["bash", str(GATE), "--only", step, str(policies)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_SECONDS,
         check=False,
     )
 

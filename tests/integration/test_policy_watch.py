@@ -15,6 +15,8 @@ from typing import IO
 
 import pytest
 
+from tests.hang import HANG_SECONDS
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def break_a_row(policies: Path) -> None:
     path.write_text(text[:at] + '"codes": {"unknown_tool", "self_review"}' + text[at + len(old) :])
 
 
-def read_until(stream: IO[str], needle: str, seconds: float = 120) -> str:
+def read_until(stream: IO[str], needle: str, seconds: float = HANG_SECONDS) -> str:
     """Lines of ``stream`` up to the first holding ``needle`` (all of them, for messages)."""
     seen = []
     deadline = time.monotonic() + seconds
@@ -112,7 +114,7 @@ def test_watch_runs_again_on_save_until_its_runs_are_done(policies):
         assert "policy-test: changed: capgate/review/review_test.rego; running the gate again" in (
             second
         )
-        assert watcher.wait(timeout=60) == 1
+        assert watcher.wait(timeout=HANG_SECONDS) == 1
 
 
 def test_the_watch_script_is_the_same_loop(policies):

@@ -23,10 +23,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from tests.hang import HANG_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +111,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _run(
-    args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 60
+    args: list[str | Path], env: dict[str, str] | None = None, timeout: float = HANG_SECONDS
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(a) for a in args],
@@ -323,30 +326,63 @@ def _step_script(body: str) -> list[str]:
     return ["bash", "-c", f'set -euo pipefail\nsource "$1"\n{body}', "step-test", str(STEP)]
 
 
+def _until(release: Path) -> str:
+    """A step's command that ends once ``release`` exists (the test's signal)."""
+    return f"bash -c 'until [ -e {release} ]; do sleep 0.05; done'"
+
+
+def _seconds(text: str, pattern: str) -> list[int]:
+    return [int(n) for n in re.findall(pattern, text)]
+
+
 def test_step_prints_one_line_for_a_quick_step_and_progress_for_a_slow_one(
     tmp_path: Path,
 ) -> None:
+    # The seconds printed are checked against the step's own length and the run's,
+    # measured here (a loaded machine makes both longer), never against a number.
     log = tmp_path / "step.log"
+    began = time.monotonic()
     quick = _run(_step_script(f'run_step "waiting" "waited" {log} sleep 1.2'))
+    took = time.monotonic() - began
     assert quick.returncode == 0
-    assert re.fullmatch(r"setup: waited in 1s\n", quick.stdout)
+    match = re.fullmatch(r"setup: waited in (\d+)s\n", quick.stdout)
+    assert match, quick.stdout
+    assert 1 <= int(match[1]) <= took
 
-    slow = _run(
-        _step_script(f'run_step "waiting" "waited" {log} sleep 2.5'),
+    # A slow step: it ends only once it has shown progress (a line a second here).
+    release = tmp_path / "release"
+    began = time.monotonic()
+    with subprocess.Popen(
+        _step_script(f'run_step "waiting" "waited" {log} {_until(release)}'),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
         env=_env(CAPGATE_PROGRESS_EVERY="1"),
-    )
-    assert slow.returncode == 0
-    lines = slow.stdout.splitlines()
-    assert 1 <= len(lines[:-1]) <= 2, slow.stdout
-    for line in lines[:-1]:
-        assert re.fullmatch(r"setup: waiting \.\.\. [12]s", line)
-    assert lines[-1] == "setup: waited in 2s"
+    ) as slow:
+        assert slow.stdout is not None
+        lines = []
+        for line in slow.stdout:
+            lines.append(line.rstrip("\n"))
+            release.touch()  # the first line is progress: the step may end now
+        assert slow.wait(timeout=HANG_SECONDS) == 0
+    took = time.monotonic() - began
+    assert len(lines) >= 2, lines
+    progress = [_seconds(line, r"^setup: waiting \.\.\. (\d+)s$") for line in lines[:-1]]
+    assert all(len(found) == 1 for found in progress), lines
+    ticks = [found[0] for found in progress]
+    done = _seconds(lines[-1], r"^setup: waited in (\d+)s$")
+    assert len(done) == 1, lines
+    assert ticks[0] >= 1
+    assert ticks == sorted(set(ticks))
+    assert ticks[-1] <= done[0] <= took
 
 
 def test_step_rewrites_one_line_in_place_on_a_terminal(tmp_path: Path) -> None:
     master, slave = pty.openpty()
+    release = tmp_path / "release"
+    began = time.monotonic()
     proc = subprocess.Popen(
-        _step_script(f'run_step "waiting" "waited" {tmp_path / "step.log"} sleep 1.5'),
+        _step_script(f'run_step "waiting" "waited" {tmp_path / "step.log"} {_until(release)}'),
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
@@ -362,11 +398,22 @@ def test_step_rewrites_one_line_in_place_on_a_terminal(tmp_path: Path) -> None:
         if not chunk:
             break
         out += chunk
+        if re.search(rb"waiting \.\.\. \d+s", out):
+            release.touch()  # it has rewritten its line once: the step may end now
     os.close(master)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=HANG_SECONDS) == 0
+    took = time.monotonic() - began
     text = out.decode()
-    assert text.startswith("\r\x1b[Ksetup: waiting ...\r\x1b[Ksetup: waiting ... 1s")
-    assert text.endswith("\r\x1b[Ksetup: waited in 1s\r\n")  # the terminal adds the \r
+    # Seconds against the step's length measured here, never a number: a loaded
+    # machine makes it longer, and may skip a tick or two.
+    shape = r"\r\x1b\[Ksetup: waiting \.\.\.((?:\r\x1b\[Ksetup: waiting \.\.\. \d+s)+)"
+    shape += r"\r\x1b\[Ksetup: waited in (\d+)s\r\n"  # the terminal adds the \r
+    match = re.fullmatch(shape, text)
+    assert match, text
+    ticks = _seconds(match[1], r"(\d+)s")
+    assert ticks[0] >= 1
+    assert ticks == sorted(ticks)
+    assert ticks[-1] <= int(match[2]) <= took
     assert text.count("\n") == 1
 
 

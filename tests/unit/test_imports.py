@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_SECONDS
+
 REPO = Path(__file__).resolve().parents[2]
 #: The folders of the repository and the packages they are.
 FOLDERS = {"capgate": "capgate", "gateway": "capgate.gateway", "adapters": "capgate.adapters"}
@@ -104,7 +106,7 @@ def test_every_module_imports_first_and_alone():
             capture_output=True,
             text=True,
             cwd=REPO,
-            timeout=600,  # a bound on a hang: a fresh interpreter on a loaded machine
+            timeout=HANG_SECONDS,  # a bound on a hang: a fresh interpreter on a loaded machine
             check=False,
         )
         return name, done.returncode, done.stderr.strip().splitlines()[-1:]  # type: ignore[return-value]

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.hang import HANG_SECONDS
+
 REPO = Path(__file__).resolve().parents[2]
 
 _WITHOUT_MCP = textwrap.dedent(
@@ -76,7 +78,7 @@ def test_the_core_imports_and_runs_without_mcp(tmp_path: Path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_SECONDS,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -24,9 +24,11 @@ import httpx
 import pytest
 
 from capgate.gateway.policy.wire import DEADLINE, AnswerTooLarge, DeadlineTransport
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 
 URL = httpx.URL("http://opa/v1/data/capgate/probe?provenance=true")
-TIMEOUTS = {"connect": 2.0, "read": 2.0, "write": 2.0}
+#: The scripted answers come: their waits are the hang bound's, not a pace.
+TIMEOUTS = {"connect": ANSWER_TIMEOUT, "read": ANSWER_TIMEOUT, "write": ANSWER_TIMEOUT}
 BODY = b'{"result": true}'
 
 
@@ -64,7 +66,7 @@ class ScriptedServer:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=HANG_SECONDS)  # asserted below: it must end
         self._listener.close()
         shutil.rmtree(self._folder, ignore_errors=True)
         assert not self._thread.is_alive()
@@ -498,15 +500,18 @@ def test_the_deadline_holds_while_the_head_is_awaited(
     server: ScriptedServer, transport: DeadlineTransport
 ) -> None:
     server.script(b"HTTP/1.1 200 OK\r\nContent-")  # and nothing more
+    # A read timeout of the hang bound: only the deadline can cut it short.
+    read = {"read": HANG_SECONDS}
     token = DEADLINE.set(time.monotonic() + 0.2)
     started = time.monotonic()
     try:
         with pytest.raises(httpx.ReadTimeout):
-            # A read timeout of a minute: only the deadline can cut it short.
-            transport.exchange("POST", URL, [(b"Host", b"opa")], None, {"read": 60.0}, 1 << 20)
+            transport.exchange("POST", URL, [(b"Host", b"opa")], None, read, 1 << 20)
     finally:
         DEADLINE.reset(token)
-    assert time.monotonic() - started < 30  # cut off by the deadline, not the read timeout
+    # Cut off by the deadline, not the read timeout: long before it, by a margin only
+    # a hang could eat (not a pace: the deadline is 0.2 s).
+    assert time.monotonic() - started < HANG_SECONDS / 2
 
 
 @pytest.mark.parametrize(
