@@ -668,7 +668,7 @@ def test_an_approval_from_the_cli_is_dispatched_once_by_the_service(world, capsy
         f"  binds:     digest {proposal.params_digest}, operation {proposal.operation_id}, "
         "tenant acme"
     )
-    assert "  next:      the execution service dispatches it (Gateway.dispatch)," in out
+    assert "  next:      an execution worker dispatches it (capgate serve's, or capgate" in out
     assert world.proposal(proposal.id).status is ProposalStatus.APPROVED
     with world.store.transaction(read_only=True) as tx:
         (review,) = tx.reviews(proposal.id)

@@ -69,7 +69,9 @@ _DISPATCH_NOTE: Final = (
 )
 
 #: The one line ``show`` and ``approve`` print for an approved proposal.
-_NEXT: Final = "the execution service dispatches it (Gateway.dispatch), not this command"
+_NEXT: Final = (
+    "an execution worker dispatches it (capgate serve's, or capgate worker), not this command"
+)
 
 _REVIEW_EXITS: Final = (
     (EXIT_OK, "the verdict was recorded"),
