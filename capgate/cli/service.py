@@ -10,7 +10,8 @@ at start and every ``reconcile_seconds``, and the execution worker (``worker``).
 Each command keeps its own order of start-up around these (``serve`` binds its
 socket before OPA starts); SIGTERM becomes :class:`Terminated` in the main thread,
 so everything entered on the command's :class:`~contextlib.ExitStack` closes in
-order (the worker first finishing, or giving back, what it holds).
+order (the worker first finishing, or giving back, what it holds). A second SIGTERM
+(or Ctrl-C) while that goes on stops at once.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.recovery import Reconciler
-from capgate.gateway.service.worker import Worker
+from capgate.gateway.service.worker import Worker, WorkerEvent
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
 
@@ -230,6 +231,13 @@ def start_gateway(
     return gateway
 
 
-def start_worker(stack: contextlib.ExitStack, gateway: Gateway, config: ServeConfig) -> Worker:
-    """The execution worker of ``config.worker``, stopped (gracefully) with ``stack``."""
-    return stack.enter_context(Worker(gateway, config.worker))
+def start_worker(
+    stack: contextlib.ExitStack,
+    gateway: Gateway,
+    config: ServeConfig,
+    *,
+    on_event: Callable[[WorkerEvent], None] | None = None,
+) -> Worker:
+    """The execution worker of ``config.worker``, stopped (gracefully) with ``stack``;
+    ``on_event`` hears what it did (where notices of dispatched and blocked attach)."""
+    return stack.enter_context(Worker(gateway, config.worker, on_event=on_event))

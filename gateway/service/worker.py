@@ -184,9 +184,10 @@ class Worker:
     claims due jobs, up to ``concurrency`` at a time, each dispatched on a thread of
     its own, and sleeps until a notice, a job's end, a retry's time or a poll wakes
     it. :meth:`stop` stops claiming, waits up to ``stop_seconds`` for the dispatches
-    under way, and stops listening; a dispatch still running then keeps its claim
-    until it lapses (its operation is taken over and looked up like a dead
-    worker's). :meth:`run_once` does one round in the caller's thread.
+    under way, and stops listening; the job of a dispatch still running then is
+    given back (queued again at once), and the worker that takes it waits for the
+    operation's lease and looks it up, as it does a dead worker's.
+    :meth:`run_once` does one round in the caller's thread.
     """
 
     def __init__(
@@ -226,7 +227,8 @@ class Worker:
         log.info("worker %s started", self.name)
 
     def stop(self) -> None:
-        """Stop claiming; wait up to ``stop_seconds`` for the dispatches under way."""
+        """Stop claiming; wait up to ``stop_seconds`` for the dispatches under way, then
+        give back the claims of any still running."""
         self._stopping.set()
         if self._listener is not None:
             self._listener.wake()
@@ -235,18 +237,37 @@ class Worker:
         deadline = time.monotonic() + self.settings.stop_seconds
         for thread in self._under_way():
             thread.join(max(deadline - time.monotonic(), 0.0))
-        left = len(self._under_way())
+        left = self._give_back()
         if self._listener is not None:
             self._listener.close()
         if left:
             log.warning(
-                "worker %s stopped with %d dispatch(es) still running; their claims lapse "
-                "and another worker takes them over (looking their operations up first)",
+                "worker %s stopped with %d dispatch(es) still running: their jobs are given "
+                "back, and the worker that takes one waits for its operation's lease, then "
+                "looks it up before anything is sent again",
                 self.name,
                 left,
             )
         else:
             log.info("worker %s stopped", self.name)
+
+    def _give_back(self) -> int:
+        """Queue the jobs of dispatches still running again, due now (their operations
+        keep their own leases, so nobody sends them twice); how many there were."""
+        with self._lock:
+            running = [pid for pid, thread in self._running.items() if thread.is_alive()]
+        if not running:
+            return 0
+        try:
+            with self.gateway.store.transaction() as tx:
+                for proposal_id in running:
+                    tx.settle_dispatch(
+                        proposal_id, self.name, status=DispatchStatus.QUEUED, result="given_back"
+                    )
+        except Exception as exc:  # the claims lapse by themselves
+            log.warning("worker %s: could not give its jobs back (%s)", self.name,
+                        getattr(exc, "code", type(exc).__name__))  # fmt: skip
+        return len(running)
 
     def run_once(self) -> int:
         """Claim the due jobs (up to ``concurrency``) and dispatch each, one after the
@@ -509,7 +530,7 @@ class Worker:
     def _settle(
         self, job: DispatchJob, status: DispatchStatus, result: str, wait: float | None = None
     ) -> DispatchJob | None:
-        """End this worker's claim; None when it was taken over meanwhile."""
+        """End this worker's claim; None when it was taken over (or given back) meanwhile."""
         with self.gateway.store.transaction() as tx:
             due = None if wait is None else tx.now + timedelta(seconds=wait)
             settled = tx.settle_dispatch(

@@ -238,7 +238,7 @@ def _version_5(d: Dialect) -> list[str]:
     (``not_before``) and settle (``docs/lifecycle.md``, the worker). The partial index
     holds only the queued jobs, so finding due work reads no finished ones. Proposals
     approved before this version are queued, due at once: they were waiting for an
-    execution service."""
+    execution service, and a worker is one."""
     i, t = d.int_type, d.time_type
     return [
         f"""CREATE TABLE dispatch_queue (

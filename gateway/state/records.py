@@ -173,7 +173,7 @@ class ReviewRecord(_Record):
 
 
 class DispatchStatus(StrEnum):
-    """Where an approved proposal stands in the execution service's queue."""
+    """Where an approved proposal stands in the execution workers' queue."""
 
     QUEUED = "queued"  # waiting for a worker (or held by one: see claimed_by)
     DONE = "done"  # nothing more to do: a final outcome, or blocked

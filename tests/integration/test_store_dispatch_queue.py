@@ -14,7 +14,6 @@ claims (threads and processes) are in ``test_store_concurrency.py``.
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -216,9 +215,7 @@ def test_postgresql_wakes_a_listener_of_another_store_object(postgres_url: str):
             assert listener.listening
             listener.wait(0)  # the wake-up of connecting
             _queued(writer)
-            started = time.monotonic()
             assert listener.wait(HANG) is True
-            assert time.monotonic() - started < HANG
     finally:
         writer.close()
         reader.close()

@@ -16,7 +16,8 @@ over the life-cycle gateway, whose mailbox is a
   job over, and the operation is looked up, not sent again;
 - an error on one proposal (a resolver that fails once) does not stop the others, is
   tried again, and leaves no secret or content in the logs;
-- stopping waits for the dispatch under way to finish.
+- stopping waits for the dispatch under way to finish, and gives back the job of one
+  that outlasts the wait (whoever takes it finds the outcome: nothing sent twice).
 
 Two workers in two processes, and one killed mid-dispatch, are in
 ``test_worker_processes.py``.
@@ -65,6 +66,7 @@ from tests.integration.worker_support import (
     approve,
     emails,
     jobs,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -365,9 +367,11 @@ def test_an_unresolvable_secret_is_tried_again_not_sent(
     assert provider.entries(SENT) == []
 
 
-def test_stopping_waits_for_the_dispatch_under_way(
-    mail: Gateway, store: Store, provider: FileProvider, events: Events
-) -> None:
+def _held_in_the_tool(
+    mail: Gateway, provider: FileProvider, events: Events, stop_seconds: float
+) -> tuple[Worker, str, threading.Event]:
+    """A started worker whose dispatch of one approved email is held inside the tool
+    until the event returned is set; and the proposal's id."""
     [proposal] = emails(mail, 1)
     entered, release = threading.Event(), threading.Event()
 
@@ -376,15 +380,47 @@ def test_stopping_waits_for_the_dispatch_under_way(
         release.wait(HANG)
 
     provider.before_effect = held
-    worker = Worker(mail, QUICK.model_copy(update={"stop_seconds": HANG}), on_event=events)
+    worker = Worker(mail, QUICK.model_copy(update={"stop_seconds": stop_seconds}), on_event=events)
     worker.start()
     approve(mail, [proposal])
     assert entered.wait(HANG)
+    return worker, proposal.id, release
+
+
+def test_stopping_waits_for_the_dispatch_under_way(
+    mail: Gateway, store: Store, provider: FileProvider, events: Events
+) -> None:
+    worker, proposal_id, release = _held_in_the_tool(mail, provider, events, HANG)
     stopping = threading.Thread(target=worker.stop)
     stopping.start()
     release.set()  # the tool finishes while the worker is stopping
     stopping.join(HANG)
     assert not stopping.is_alive()
+    assert events.kinds(proposal_id) == ["dispatched"]
+    assert len(provider.entries(SENT)) == 1
+    assert jobs(store)[proposal_id].status is DispatchStatus.DONE
+
+
+def test_stopping_gives_back_a_dispatch_that_outlasts_the_wait(
+    mail: Gateway, store: Store, provider: FileProvider, events: Events
+) -> None:
+    worker, proposal_id, release = _held_in_the_tool(mail, provider, events, 0)
+    worker.stop()  # waits for nothing: the job is given back, the tool still running
+    given_back = jobs(store)[proposal_id]
+    assert (given_back.status, given_back.claimed_by) == (DispatchStatus.QUEUED, None)
+    assert given_back.last_result == "given_back"
+    proposal = proposal_of(store, proposal_id)
+    release.set()
+    wait_for(
+        lambda: (
+            (op := operation_of(store, proposal.operation_id)) is not None
+            and op.status is OperationStatus.DONE
+        ),
+        "the run that was under way to end",
+    )
+    assert events.of(proposal.id) == []  # its worker had given the job back
+    # Whoever takes the job next finds the outcome: nothing is sent again.
+    assert Worker(mail, QUICK, on_event=events).run_once() == 1
     assert events.kinds(proposal.id) == ["dispatched"]
     assert len(provider.entries(SENT)) == 1
     assert jobs(store)[proposal.id].status is DispatchStatus.DONE

@@ -14,9 +14,10 @@ the keyboard names, so whoever may run it against the store may approve as anyon
 call ``Gateway.review`` with the identity it authenticated.
 
 There is no ``dispatch`` command: dispatching runs the tool, so it belongs to the
-execution service that holds the tool adapters and the credentials
-(:meth:`gateway.Gateway.dispatch`), which asks OPA once more with the facts of that
-moment.
+process that holds the tool adapters and the credentials, an execution worker
+(``capgate serve`` runs one, ``capgate worker`` runs one alone:
+:mod:`capgate.gateway.service.worker`), which asks OPA once more with the facts of
+that moment (:meth:`gateway.Gateway.dispatch`).
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ from capgate.gateway.tools.registry import ToolRegistry
 __all__ = ["register"]
 
 _DISPATCH_NOTE: Final = (
-    "Dispatch is not a command: it runs the tool, so it belongs to the execution service "
-    "that holds the tool adapters and credentials (Gateway.dispatch), which asks OPA again "
-    "with the facts of that moment."
+    "Dispatch is not a command: it runs the tool, so it belongs to an execution worker "
+    "(capgate serve runs one; capgate worker runs one alone), which holds the tool adapters "
+    "and credentials and asks OPA again with the facts of that moment."
 )
 
 #: The one line ``show`` and ``approve`` print for an approved proposal.
