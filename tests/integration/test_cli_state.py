@@ -213,12 +213,12 @@ def test_every_state_command_lists_its_exit_codes(command, codes, capsys):
         assert f"${STORE_ENV}" in out
 
 
-def test_the_proposals_help_says_dispatch_is_the_services(capsys):
+def test_the_proposals_help_says_dispatch_is_the_workers(capsys):
     with pytest.raises(SystemExit):
         main(["proposals", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "Dispatch is not a command" in out
-    assert "Gateway.dispatch" in out
+    assert "an execution worker (capgate serve runs one; capgate worker runs one alone)" in out
 
 
 # -- the store address ----------------------------------------------------------------------
