@@ -67,10 +67,11 @@ fuzz: setup ## the long fuzz run: 5,000 examples per property, 2 minutes per ath
 	CAPGATE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CAPGATE_ATHERIS_SECONDS=$(FUZZ_SECONDS) \
 		$(VENV)/python -m pytest -m integration tests/fuzz
 
-bench: setup ## measure every goal of issue 9, the whole-catalogue questions and the answer reader, into docs/benchmarks.md and .svg
+bench: setup ## measure every goal of issue 9, the whole-catalogue questions, the answer reader and the worker's latency, into docs/benchmarks.md and .svg
 	$(VENV)/python benchmarks/compose_scaling.py --output docs/benchmarks.md
 	$(VENV)/python benchmarks/whole_catalogue.py --append docs/benchmarks.md
 	$(VENV)/python benchmarks/answer_readers.py --append docs/benchmarks.md
+	$(VENV)/python benchmarks/worker_latency.py --append docs/benchmarks.md
 
 clean: ## stop the Docker engine set-up started; remove .tools (binaries, images, logs), .venv, caches
 	@bash scripts/docker-engine.sh stop

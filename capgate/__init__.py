@@ -5,7 +5,8 @@ that grant from its own store, asks OPA (compose: which tools may this agent see
 execute: may this exact call run now; review: may this person approve this
 proposal), runs a tool only on an allow, records everything in a hash-chained
 ledger, and fails closed on every error. :class:`AsyncGateway` is the same for
-asyncio code. :class:`Dispatcher` is the stateless enforcement core underneath it.
+asyncio code; a :class:`Worker` dispatches the proposals reviewers approve.
+:class:`Dispatcher` is the stateless enforcement core underneath it.
 
 One import name, this one: ``from capgate import Gateway, PolicySidecar, ...``.
 Beneath it, :mod:`capgate.gateway` is the core (it imports nothing else of capgate),
@@ -70,6 +71,7 @@ from capgate.gateway.service.credentials import (
 )
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.service.worker import Worker, WorkerEvent, WorkerSettings
 from capgate.gateway.state import Store, StoreError, open_store
 from capgate.gateway.state.records import (
     ProposalRecord,
@@ -142,6 +144,9 @@ __all__ = [
     "ToolRegistry",
     "ToolRetryable",
     "ToolUnknown",
+    "Worker",
+    "WorkerEvent",
+    "WorkerSettings",
     "__version__",
     "compile_catalogue",
     "load_catalogue",

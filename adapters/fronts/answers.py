@@ -159,8 +159,8 @@ def proposal_answer(proposal: ProposalRecord) -> Answer:
     }
     text = (
         f"Proposed for review as {proposal.id} (operation {proposal.operation_id}); nothing "
-        "was run. A person reviews it and the execution service dispatches it; calling "
-        "again does not speed that up."
+        "was run. A person reviews it, and once it is approved an execution worker "
+        "dispatches it; calling again does not speed that up."
     )
     if proposal.unsettled_twins:
         facts["unsettled_twins"] = list(proposal.unsettled_twins)

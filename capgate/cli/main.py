@@ -13,8 +13,10 @@
     capgate diff BASE [HEAD] --catalogue PATH [--markdown|--json] [--fail-on-widen]
                                           what a policy or catalogue change flips
     capgate policy-test [--watch]         the policy gate, once or on every save
-    capgate serve --catalogue DIR --store URL --config FILE [--stdio|--http ADDR]
-                                          the gateway as an MCP server
+    capgate serve --catalogue DIR --store URL --config FILE [--stdio|--http ADDR] [--no-worker]
+                                          the gateway as an MCP server (and its worker)
+    capgate worker --catalogue DIR --store URL --config FILE
+                                          dispatch approved proposals, apart from serve
 
 and, over the gateway's store (``--store URL`` or ``$CAPGATE_STORE``; the commands
 live in :mod:`capgate.cli.commands`)::
@@ -51,7 +53,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from capgate.cli import serve
+from capgate.cli import serve, worker
 from capgate.cli.commands import (
     budget,
     connections,
@@ -285,6 +287,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.register(sub)
     policy_test.register(sub)
     serve.register(sub)
+    worker.register(sub)
     return parser
 
 

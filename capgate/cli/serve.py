@@ -13,43 +13,34 @@ thread so it dies with this process, or ``--opa``/``$CAPGATE_OPA_URL``), and onl
 then the transport. Operations a previous process left running are reconciled
 first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it serves
 (:class:`capgate.gateway.service.recovery.Reconciler`): unknown outcomes are looked up
-then, whether or not any agent calls again.
+then, whether or not any agent calls again. Unless ``--no-worker`` is given, an
+execution worker (:class:`capgate.gateway.service.worker.Worker`) dispatches the
+approved proposals while it serves; ``capgate worker`` (:mod:`capgate.cli.worker`)
+runs one alone. What the two commands build alike is :mod:`capgate.cli.service`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
-import signal
 import sys
-from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from capgate.adapters.fronts.mcp.config import ServeConfig, bindings_of, load_config
-from capgate.adapters.tools.mcp.config import (
-    MCP_ORACLE_ENV,
-    MCP_SERVERS_ENV,
-    ServerSpec,
-    servers_from_env,
+from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions
+from capgate.cli.service import (
+    add_log_level,
+    command_parser,
+    log_to_stderr,
+    parts_of,
+    run_until_stopped,
+    start_gateway,
+    start_worker,
 )
-from capgate.cli.commands.common import (
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    STORE_ENV,
-    Actions,
-    exit_codes,
-    opened_store,
-)
-from capgate.demo.oracle_server import oracle_server_spec
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import ConfigError, InvalidInput, UnknownTenant
-from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
-from capgate.gateway.service.recovery import Reconciler
-from capgate.gateway.tools.registry import ToolRegistry
+from capgate.gateway.state.store import Store
 
 if TYPE_CHECKING:
     import socket
@@ -71,41 +62,20 @@ caller's principal, task and environment come from --config: over stdio its
 Over stdio (the default) an MCP client starts this command and talks on its
 stdin and stdout; logs go to stderr. Over HTTP it listens on a loopback address
 (127.0.0.1 or [::1]; port 0 picks a free one) at /mcp and prints the URL on
-stderr. docs/mcp-server.md has the configuration format and client set-ups."""
-
-
-class _Terminated(Exception):
-    """SIGTERM, turned into an exception so that OPA, the store and sockets close."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated()
+stderr. While it serves, an execution worker dispatches the proposals reviewers
+approve (--no-worker: leave that to `capgate worker`). docs/mcp-server.md has
+the configuration format and client set-ups."""
 
 
 def register(sub: Actions) -> None:
     """Add ``serve`` to the ``capgate`` parser."""
-    parser = sub.add_parser(
+    parser = command_parser(
+        sub,
         "serve",
         help="serve the catalogue's tools over MCP (stdio or streamable HTTP)",
         description=_DESCRIPTION,
-        epilog=exit_codes(_EXITS),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--catalogue", type=Path, required=True, help="catalogue folder")
-    parser.add_argument(
-        "--store",
-        metavar="URL",
-        help=f"the gateway's store: a SQLite file path or postgresql://... (default: ${STORE_ENV})",
-    )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help="who the callers are and where the tools come from (YAML or JSON)",
-    )
-    parser.add_argument(
-        "--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)"
+        exits=_EXITS,
+        config="who the callers are and where the tools come from (YAML or JSON)",
     )
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument(
@@ -117,52 +87,13 @@ def register(sub: Actions) -> None:
         help="serve streamable HTTP at http://HOST:PORT/mcp (loopback only)",
     )
     parser.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning"],
-        default="info",
-        help="level of capgate's own log lines on stderr (default: info)",
+        "--no-worker",
+        dest="worker",
+        action="store_false",
+        help="do not dispatch approved proposals in this process (run `capgate worker`)",
     )
+    add_log_level(parser)
     parser.set_defaults(run=run)
-
-
-class _OwnLevel(logging.Filter):
-    """capgate's records from ``level`` up, everyone else's from WARNING up."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        ours = record.name.startswith("capgate.")
-        return record.levelno >= (self.level if ours else logging.WARNING)
-
-
-def _logging(level: str) -> None:
-    """Log lines on stderr (stdout is the MCP channel over stdio): capgate's at
-    ``level``, every other library's at WARNING only."""
-    number = logging.getLevelNamesMapping()[level.upper()]
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(_OwnLevel(number))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(min(number, logging.WARNING))
-
-
-def _upstreams(config: ServeConfig) -> list[ServerSpec]:
-    """The configuration's ``upstreams``; without them, the ``MCP_SERVERS`` /
-    ``MCP_ORACLE`` gate of the environment, as the library's default registry reads it."""
-    configured = config.upstream_servers()
-    if configured or config.upstreams is not None:
-        return configured
-    gate = servers_from_env(oracle=oracle_server_spec())
-    if gate:
-        print(
-            f"capgate serve: upstream MCP servers from ${MCP_SERVERS_ENV} / "
-            f"${MCP_ORACLE_ENV}: {', '.join(server.id for server in gate)}",
-            file=sys.stderr,
-        )
-    return gate
 
 
 def _check_bindings(config: ServeConfig, args: argparse.Namespace) -> None:
@@ -181,44 +112,28 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from capgate.adapters.fronts.mcp.http import loopback_socket, parse_listen_address
 
-    _logging(args.log_level)
+    log_to_stderr(args.log_level)
     config = load_config(args.config)
     _check_bindings(config, args)
     address = parse_listen_address(args.http) if args.http is not None else None
-    registry = ToolRegistry(*config.adapters())
-    upstreams = _upstreams(config)
-    credentials = config.credential_resolver()
+    parts = parts_of(config, "serve")
     catalogue = load_catalogue(args.catalogue)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        with opened_store(args) as store, contextlib.ExitStack() as stack:
-            with store.transaction(read_only=True) as tx:
-                for binding in bindings_of(config):
-                    if tx.get_tenant(binding.principal.tenant) is None:
-                        raise UnknownTenant(binding.principal.tenant)
-            # Bound before OPA starts: a port in use is an error at once.
-            sock = stack.enter_context(loopback_socket(*address)) if address else None
-            if upstreams:  # servers start at their first call, and stop with this command
-                from capgate.adapters.tools.mcp import McpTools
 
-                registry.attach(
-                    stack.enter_context(McpTools(catalogue, upstreams, store, unplaced=True))
-                )
-            sidecar = stack.enter_context(PolicySidecar(catalogue, opa_url=args.opa))
-            gateway = Gateway(catalogue, sidecar.client, registry, store, credentials=credentials)
-            gateway.reconcile()
-            stack.enter_context(Reconciler(gateway, config.reconcile_seconds))
-            if sock is None:
-                return _serve_stdio(gateway, config)
-            return _serve_http(gateway, config, sock)
-    except _Terminated:
-        print("capgate serve: stopped (SIGTERM)", file=sys.stderr)
-        return EXIT_OK
-    except KeyboardInterrupt:
-        print("capgate: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def serve(store: Store, stack: contextlib.ExitStack) -> int:
+        with store.transaction(read_only=True) as tx:
+            for binding in bindings_of(config):
+                if tx.get_tenant(binding.principal.tenant) is None:
+                    raise UnknownTenant(binding.principal.tenant)
+        # Bound before OPA starts: a port in use is an error at once.
+        sock = stack.enter_context(loopback_socket(*address)) if address else None
+        gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
+        if args.worker:
+            start_worker(stack, gateway, config)
+        if sock is None:
+            return _serve_stdio(gateway, config)
+        return _serve_http(gateway, config, sock)
+
+    return run_until_stopped(args, "serve", serve)
 
 
 def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Final, NoReturn
 from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import CapabilityViolation, OperationConflict, quote
-from capgate.gateway.model.contracts import Idempotency
+from capgate.gateway.model.contracts import Idempotency, ToolContract
 from capgate.gateway.model.decisions import Reason
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver
@@ -49,7 +49,7 @@ from capgate.gateway.tools.contract import (
 )
 from capgate.gateway.tools.definitions import SupportsDefinitions
 
-__all__ = ["REFUSALS", "Lost", "Operations", "has_lookup"]
+__all__ = ["REFUSALS", "Lost", "Operations", "has_lookup", "may_try_again"]
 
 log = logging.getLogger("capgate.service")
 
@@ -296,18 +296,8 @@ class Operations:
         return operation
 
     def _may_try_again(self, previous: Outcome, authorised: Authorised) -> bool:
-        """Whether a finished operation may run again.
-
-        Retryable means nothing happened: yes. Unknown means it may have: only when
-        a repeat cannot do it twice, because the adapter can look the operation up
-        first or the contract says repeating is safe. Success and refused are final.
-        """
-        if previous.status is OutcomeStatus.RETRYABLE:
-            return True
-        if previous.status is not OutcomeStatus.UNKNOWN:
-            return False
-        return _can_look_up(authorised) or (
-            authorised.contract.idempotency is not Idempotency.NOT_IDEMPOTENT
+        return may_try_again(
+            previous.status, authorised.contract, authorised.adapter, authorised.action
         )
 
     def _start_dispatch(
@@ -452,6 +442,22 @@ def _definition_digest(authorised: Authorised) -> str | None:
         log.warning("no definition digest for tool=%s (%s)", authorised.action, type(exc).__name__)
         return None
     return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
+
+
+def may_try_again(
+    status: OutcomeStatus, contract: ToolContract, adapter: Adapter | None, action: str
+) -> bool:
+    """Whether an operation that finished with ``status`` may run again.
+
+    Retryable means nothing happened: yes. Unknown means it may have: only when a
+    repeat cannot do it twice, because the adapter can look the operation up first
+    or the contract says repeating is safe. Success and refused are final.
+    """
+    if status is OutcomeStatus.RETRYABLE:
+        return True
+    if status is not OutcomeStatus.UNKNOWN:
+        return False
+    return has_lookup(adapter, action) or contract.idempotency is not Idempotency.NOT_IDEMPOTENT
 
 
 def has_lookup(adapter: Adapter | None, action: str) -> bool:

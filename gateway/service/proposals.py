@@ -4,9 +4,11 @@ A tool whose calls are reviewed is not run when an agent calls it: the exact
 content and recipient are frozen into a proposal (with the operation id that will
 carry it, and the unsettled operations of the same content it may repeat). A
 reviewer's verdict is itself an OPA decision (``capgate/review``), and an approval
-binds the proposal's digest, operation and tenant until it expires. Dispatching an
-approved proposal is the gateway's (:meth:`Gateway.dispatch`), which asks OPA again
-with the facts of that moment; a denial then blocks the proposal here.
+binds the proposal's digest, operation and tenant until it expires, and queues the
+proposal for the execution workers in the same transaction
+(:mod:`capgate.gateway.service.worker`). Dispatching an approved proposal is the
+gateway's (:meth:`Gateway.dispatch`), which asks OPA again with the facts of that
+moment; a denial then blocks the proposal here.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from capgate.gateway.errors import (
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason, ReviewDecision
 from capgate.gateway.model.facts import Approval, Principal, ReviewInput
+from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.service.ledger import append, entry, who
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import (
@@ -307,6 +310,10 @@ class Proposals:
                 else ProposalStatus.REJECTED
             )
             tx.update_proposal(proposal.id, status=status, reason_codes=[])
+            if status is ProposalStatus.APPROVED:
+                # Queued with the approval, in its transaction: no approved proposal
+                # is ever left without a job for the execution workers.
+                tx.queue_dispatch(proposal.id)
             tx.append(
                 row.model_copy(update={"outcome": status.value, "detail": {"review": record.id}})
             )
@@ -360,10 +367,22 @@ def block(
 ) -> None:
     """Block an approved proposal whose dispatch was denied. A pending one is left
     pending: dispatched before its review, it was early, not overtaken by events,
-    and blocking it would make it impossible to review."""
+    and blocking it would make it impossible to review.
+
+    So is a dispatched one whose last attempt came back ``retryable`` (nothing
+    happened) and whose retry is denied: it will not be sent, and blocked is what
+    it is. One whose operation is running, or whose outcome is unknown (it may
+    have happened: a lookup settles it, no allow needed), stays dispatched."""
     with store.transaction() as tx:
         current = tx.get_proposal(proposal.id, for_update=True)
-        if current is None or current.status is not ProposalStatus.APPROVED:
+        if current is None:
+            return
+        if current.status is ProposalStatus.DISPATCHED:
+            operation = tx.get_operation(current.tenant, current.operation_id)
+            last = None if operation is None or operation.outcome is None else operation.outcome
+            if last is None or last.get("status") != OutcomeStatus.RETRYABLE.value:
+                return
+        elif current.status is not ProposalStatus.APPROVED:
             return
         tx.update_proposal(proposal.id, status=ProposalStatus.BLOCKED, reason_codes=codes)
         tx.append(

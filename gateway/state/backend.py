@@ -4,25 +4,32 @@ The store's logic is written once (:mod:`capgate.gateway.state.sql`); a backend 
 only what differs between SQLite and PostgreSQL:
 
 - a :class:`Dialect`: the few words of DDL that differ (integer, time and
-  identity column types) and the row-lock suffix of a ``SELECT``;
+  identity column types), the row-lock suffixes of a ``SELECT`` and the statement
+  that sends a notice at commit (PostgreSQL's ``NOTIFY``; SQLite has none);
 - :class:`Session` objects, one database connection each, used by one thread at a
   time: statements with ``:name`` placeholders, transaction begin and end, the
   transaction-scoped locks that serialise ledger appends and migrations, and the
   translation of driver exceptions into :class:`~capgate.gateway.errors.StoreError`;
 - a :class:`Backend` handing sessions out (per thread for SQLite, from a bounded
-  pool for PostgreSQL) and taking them back.
+  pool for PostgreSQL) and taking them back, and listening for notices from other
+  processes where the database carries them (:meth:`Backend.listener`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["Backend", "Dialect", "LockName", "Session"]
+__all__ = ["Backend", "BackendListener", "Dialect", "LockName", "Session", "wire_channel"]
 
 #: The transaction-scoped locks a session can take.
 LockName = Literal["ledger", "migrations"]
+
+
+def wire_channel(channel: str) -> str:
+    """The database's name of a notice channel (PostgreSQL's ``LISTEN`` name)."""
+    return f"capgate_{channel}"
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,12 @@ class Dialect:
     identity_pk: str
     #: Appended to a ``SELECT`` to lock its rows until the transaction ends.
     for_update: str
+    #: The same, passing over rows another transaction holds locked (so concurrent
+    #: claims of queued work each take other rows instead of waiting in line).
+    for_update_skip_locked: str
+    #: A statement that sends a notice on channel ``:channel`` when the transaction
+    #: commits; empty where the database has no such thing.
+    notify: str
 
 
 class Session(Protocol):
@@ -72,6 +85,15 @@ class Session(Protocol):
         """False once the connection is closed or broken (do not hand it out again)."""
 
 
+class BackendListener(Protocol):
+    """Notices from other processes on one channel, while :attr:`listening`."""
+
+    @property
+    def listening(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class Backend(Protocol):
     """Hands out sessions on one database."""
 
@@ -87,3 +109,8 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Close every connection; later ``acquire`` calls raise StoreError."""
+
+    def listener(self, channel: str, wake: Callable[[], None]) -> BackendListener | None:
+        """Call ``wake`` for every notice on ``channel`` from any process (and whenever
+        notices may have been missed, e.g. after reconnecting), until closed; None
+        where the database carries no notices between processes."""

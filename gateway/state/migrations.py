@@ -232,6 +232,36 @@ def _version_4(d: Dialect) -> list[str]:
     ]
 
 
+def _version_5(d: Dialect) -> list[str]:
+    """The dispatch queue: one job per approved proposal, which the execution workers
+    claim with a lease (``claimed_by`` until ``claim_until``), retry with backoff
+    (``not_before``) and settle (``docs/lifecycle.md``, the worker). The partial index
+    holds only the queued jobs, so finding due work reads no finished ones. Proposals
+    approved before this version are queued, due at once: they were waiting for an
+    execution service, and a worker is one."""
+    i, t = d.int_type, d.time_type
+    return [
+        f"""CREATE TABLE dispatch_queue (
+            n {d.identity_pk},
+            proposal_id TEXT NOT NULL UNIQUE REFERENCES proposals (id),
+            tenant TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('queued', 'done', 'given_up')),
+            not_before {t} NOT NULL,
+            claimed_by TEXT,
+            claim_until {t},
+            tries {i} NOT NULL DEFAULT 0 CHECK (tries >= 0),
+            last_result TEXT,
+            created_at {t} NOT NULL,
+            updated_at {t} NOT NULL,
+            CHECK ((claimed_by IS NULL) = (claim_until IS NULL))
+        )""",
+        "CREATE INDEX dispatch_queue_due ON dispatch_queue (not_before) WHERE status = 'queued'",
+        "INSERT INTO dispatch_queue (proposal_id, tenant, status, not_before, tries, "
+        "created_at, updated_at) SELECT id, tenant, 'queued', updated_at, 0, updated_at, "
+        "updated_at FROM proposals WHERE status = 'approved' ORDER BY n",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -240,6 +270,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "pins of upstream MCP tool definitions", _version_3),
     Migration(4, "operations.outcome_status for settling unknown outcomes; proposals' "
               "unsettled twins", _version_4),
+    Migration(5, "the dispatch queue of the execution workers", _version_5),
 )  # fmt: skip
 
 

@@ -18,6 +18,10 @@
   rather than the ``psycopg_pool`` package: it needs no background thread and no
   further dependency, and this store asks nothing more of it.
 - ``lock_timeout`` bounds every wait for a row or advisory lock the same way.
+- **Notices** (``LISTEN``/``NOTIFY``): a transaction's notices go out with
+  ``pg_notify`` when it commits, and a listener holds one connection of its own,
+  outside the pool, in a thread that wakes its waiter for each notice and connects
+  again when that connection fails (:class:`_PgListener`).
 
 Messages name the database by :attr:`PostgresBackend.location`, which never holds
 a password; the driver's own messages are cut to their first line.
@@ -26,21 +30,24 @@ a password; the driver's own messages are cut to their first line.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
 from capgate.gateway.errors import StoreBusy, StoreError, cut
-from capgate.gateway.state.backend import Dialect, LockName, Session
+from capgate.gateway.state.backend import Dialect, LockName, Session, wire_channel
 
 if TYPE_CHECKING:
     import psycopg
     from psycopg.rows import DictRow
 
 __all__ = ["DEFAULT_POOL_SIZE", "POSTGRESQL", "PostgresBackend", "import_psycopg"]
+
+_log = logging.getLogger("capgate.state")
 
 #: Connections one store keeps open at most.
 DEFAULT_POOL_SIZE: Final = 10
@@ -57,6 +64,8 @@ POSTGRESQL: Final = Dialect(
     time_type='TEXT COLLATE "C"',
     identity_pk="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     for_update=" FOR UPDATE",
+    for_update_skip_locked=" FOR UPDATE SKIP LOCKED",
+    notify="SELECT pg_notify(:channel, '')",
 )
 
 #: Advisory lock keys: "capgate" in ASCII, then 1 for the ledger, 2 for migrations.
@@ -273,22 +282,31 @@ class PostgresBackend:
         for session in idle:
             session.close()
 
-    def _connect(self) -> _PgSession:
-        psycopg = self.psycopg
-        extra: dict[str, Any] = {"autocommit": True, "row_factory": psycopg.rows.dict_row}
-        given = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+    def listener(self, channel: str, wake: Callable[[], None]) -> _PgListener:
+        """``LISTEN`` on ``channel`` on a connection of its own (outside the pool),
+        calling ``wake`` for each notice; see :class:`_PgListener`."""
+        return _PgListener(self, channel, wake)
+
+    def connection(self) -> psycopg.Connection[DictRow]:
+        """A new autocommit connection (StoreError naming the store if it fails)."""
+        driver = self.psycopg
+        extra: dict[str, Any] = {"autocommit": True, "row_factory": driver.rows.dict_row}
+        given = driver.conninfo.conninfo_to_dict(self._conninfo)
         if "connect_timeout" not in given:
             extra["connect_timeout"] = CONNECT_TIMEOUT
         if "application_name" not in given:
             extra["application_name"] = "capgate"
         try:
-            connection = psycopg.connect(self._conninfo, **extra)
-        except psycopg.Error as exc:
+            connection: psycopg.Connection[DictRow] = driver.connect(self._conninfo, **extra)
+        except driver.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreError(
                 f"cannot connect to PostgreSQL store {self.location}: {cut(first, 300)}"
             ) from None
-        session = _PgSession(connection, self)
+        return connection
+
+    def _connect(self) -> _PgSession:
+        session = _PgSession(self.connection(), self)
         try:
             # lock_timeout bounds waits for row and advisory locks; SET takes no
             # parameters, and this is an integer this code computed.
@@ -297,3 +315,84 @@ class PostgresBackend:
             session.close()
             raise
         return session
+
+
+#: Seconds a listener blocks for notices at a time (how soon it sees it is closed).
+_LISTEN_SLICE: Final = 0.5
+#: The longest wait before a listener whose connection failed connects again.
+_RECONNECT_LONGEST: Final = 30.0
+_CHANNEL: Final = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+class _PgListener:
+    """``LISTEN capgate_<channel>`` in a thread of its own, on its own connection.
+
+    Every notice calls ``wake``; so does every (re)connection, because notices sent
+    while nobody listened are lost and the waiter must look for itself. A connection
+    that fails is logged (by the store's location, never a password) and made again
+    after a wait that doubles up to 30 s; :attr:`listening` is False meanwhile, and
+    the waiter polls. Construction returns once the first ``LISTEN`` is in place (or
+    the first connection failed).
+    """
+
+    def __init__(self, backend: PostgresBackend, channel: str, wake: Callable[[], None]) -> None:
+        if not _CHANNEL.match(channel):  # an identifier in SQL text: checked, never quoted
+            raise ValueError(f"not a channel name: {channel!r}")
+        self._backend = backend
+        self._channel = wire_channel(channel)
+        self._wake = wake
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._listening = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"capgate-listen-{channel}", daemon=True
+        )
+        self._thread.start()
+        self._first.wait(CONNECT_TIMEOUT + 5)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        psycopg = self._backend.psycopg
+        delay = _LISTEN_SLICE
+        while not self._stop.is_set():
+            try:
+                connection = self._backend.connection()
+            except StoreError as exc:
+                _log.warning("not listening for %s: %s", self._channel, exc)
+                self._first.set()
+                self._stop.wait(delay)
+                delay = min(delay * 2, _RECONNECT_LONGEST)
+                continue
+            try:
+                connection.execute(f"LISTEN {self._channel}".encode())
+                self._listening = True
+                self._first.set()
+                self._wake()  # what was sent while nobody listened: look now
+                delay = _LISTEN_SLICE
+                while not self._stop.is_set():
+                    for _notice in connection.notifies(timeout=_LISTEN_SLICE):
+                        self._wake()
+            except psycopg.Error as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                _log.warning(
+                    "stopped listening for %s on %s (%s%s); connecting again",
+                    self._channel,
+                    self._backend.location,
+                    type(exc).__name__,
+                    f": {cut(first, 200)}" if first else "",
+                )
+            finally:
+                self._listening = False
+                self._wake()  # polling from now on, until listening again
+                with contextlib.suppress(Exception):
+                    connection.close()
+            self._stop.wait(delay)
+            delay = min(delay * 2, _RECONNECT_LONGEST)

@@ -25,6 +25,8 @@ __all__ = [
     "BudgetState",
     "ConnectionRecord",
     "Digest",
+    "DispatchJob",
+    "DispatchStatus",
     "EvidenceRecord",
     "LedgerEntry",
     "LedgerRow",
@@ -168,6 +170,38 @@ class ReviewRecord(_Record):
     consumed_at: AwareDatetime | None = None
     decision_id: str | None
     created_at: AwareDatetime
+
+
+class DispatchStatus(StrEnum):
+    """Where an approved proposal stands in the execution workers' queue."""
+
+    QUEUED = "queued"  # waiting for a worker (or held by one: see claimed_by)
+    DONE = "done"  # nothing more to do: a final outcome, or blocked
+    GIVEN_UP = "given_up"  # the worker stopped trying; a person (or a lookup) decides
+
+
+class DispatchJob(_Record):
+    """One approved proposal in the queue the execution workers take their work from.
+
+    Queued in the transaction that approves the proposal. A worker claims it
+    (``claimed_by``, until ``claim_until``, renewed while it works), dispatches it,
+    and settles it: done, queued again for ``not_before`` (a retry, with backoff), or
+    given up. A claim past ``claim_until`` belongs to a worker that died: any worker
+    may take it. ``tries`` counts the claims; ``last_result`` is a short,
+    secret-free code of what the last one came to (an outcome status, reason codes,
+    an error code).
+    """
+
+    proposal_id: Identifier
+    tenant: Identifier
+    status: DispatchStatus
+    not_before: AwareDatetime
+    claimed_by: str | None = Field(default=None, max_length=256)
+    claim_until: AwareDatetime | None = None
+    tries: int = Field(ge=0)
+    last_result: str | None = Field(default=None, max_length=512)
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
 
 
 class OperationStatus(StrEnum):

@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,6 +51,8 @@ SQLITE: Final = Dialect(
     time_type="TEXT",
     identity_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
     for_update="",  # a writing transaction holds the database's writer lock already
+    for_update_skip_locked="",  # and no other writer can hold a row meanwhile
+    notify="",  # no notices between processes: listeners elsewhere poll
 )
 
 # SQLite result codes (the low byte of an extended code).
@@ -263,6 +265,10 @@ class SqliteBackend:
             sessions, self._sessions = self._sessions, []
         for _thread, session in sessions:
             session.close()
+
+    def listener(self, channel: str, wake: Callable[[], None]) -> None:
+        """None: SQLite carries no notices between processes (listeners poll)."""
+        del channel, wake
 
     def _close_orphans(self) -> None:
         """Close the connections of threads that have ended (caller holds the lock)."""

@@ -17,6 +17,15 @@ hold both backends to them, with threads and with separate processes):
 - :meth:`Tx.append` keeps one hash chain: rows get consecutive sequence numbers
   and each row's ``prev_hash`` is the previous row's ``hash``.
 
+Those who wait for a change (an execution worker waiting for approved proposals)
+:meth:`Store.listen` on a :data:`Channel`, and a transaction that makes such a change
+calls :meth:`Tx.notify`: the listeners wake once it commits. On PostgreSQL that is
+``LISTEN``/``NOTIFY``, so every process on the database wakes; SQLite has no such
+thing, so only listeners of the same store object wake at once, and a listener in
+another process finds the change at its next poll (:attr:`Listener.listening` says
+which it is). A notice is a hint to look, never a fact: whoever wakes reads the
+store, and whoever polls misses nothing.
+
 Times come from the store's clock (``Tx.now``, read once per transaction), so one
 step records one time, and tests can move the clock.
 
@@ -32,13 +41,15 @@ one with :func:`capgate.gateway.state.open.open_store`.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from datetime import datetime
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
 
 from capgate.gateway.model.facts import ConnectionStatus
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
+    DispatchJob,
+    DispatchStatus,
     EvidenceRecord,
     LedgerEntry,
     LedgerRow,
@@ -52,11 +63,39 @@ from capgate.gateway.state.records import (
     VerifyReport,
 )
 
-__all__ = ["SCHEMA_VERSION", "Store", "Tx"]
+__all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+#: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
+#: claim given back). A new channel is a name added here; nothing else changes.
+Channel = Literal["dispatch"]
+CHANNELS: tuple[Channel, ...] = ("dispatch",)
+
+
+class Listener(Protocol):
+    """Waits for notices on one channel (:meth:`Store.listen`). Thread-safe."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether notices from other processes reach it now (PostgreSQL, while its
+        connection is up). When False, those who wait must also poll."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a notice came since the last wait (or :meth:`wake` was called),
+        or ``timeout`` seconds passed; True if one did."""
+
+    def wake(self) -> None:
+        """Make the current (or the next) :meth:`wait` return at once."""
+
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+
+    def __enter__(self) -> Listener: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
 
 class Tx(Protocol):
@@ -199,6 +238,55 @@ class Tx(Protocol):
         """Mark an approval used at ``now``; False if it was used already (or is a
         rejection); ``UnknownReview`` if there is no such review."""
 
+    # -- the dispatch queue -----------------------------------------------------------
+
+    def queue_dispatch(self, proposal_id: str) -> DispatchJob:
+        """Queue an approved proposal for the execution workers, due now, and notify
+        ``dispatch``; queued already: the existing job, unchanged. ``UnknownProposal``
+        if there is no such proposal."""
+
+    def get_dispatch(self, proposal_id: str) -> DispatchJob | None: ...
+
+    def claim_dispatches(self, worker: str, *, limit: int, claim: timedelta) -> list[DispatchJob]:
+        """Claim up to ``limit`` queued jobs that are due and not claimed (or whose
+        claim is over) for ``worker`` until ``now + claim``, counting a try on each;
+        oldest due first. However many workers race, in any process, each job goes
+        to one of them (PostgreSQL skips rows another claim holds locked)."""
+
+    def renew_dispatches(
+        self, worker: str, proposal_ids: list[str], *, claim: timedelta
+    ) -> list[str]:
+        """Extend ``worker``'s claims of these jobs to ``now + claim``; the ids it still
+        held (a claim taken over by another worker is not renewed)."""
+
+    def settle_dispatch(
+        self,
+        proposal_id: str,
+        worker: str,
+        *,
+        status: DispatchStatus,
+        result: str | None,
+        not_before: datetime | None = None,
+    ) -> DispatchJob | None:
+        """End ``worker``'s claim: the job is done, given up, or queued again for
+        ``not_before`` (default now; notifying ``dispatch`` when it is due at once).
+        None, changing nothing, if the worker no longer holds the claim."""
+
+    def next_dispatch_due(self) -> datetime | None:
+        """When the next queued job becomes claimable (its ``not_before``, or the end
+        of the claim holding it), if any is queued."""
+
+    def dispatches(
+        self, *, status: DispatchStatus | None = None, tenant: str | None = None
+    ) -> list[DispatchJob]:
+        """Jobs in the order they were queued, filtered by status and tenant."""
+
+    # -- notices ----------------------------------------------------------------------
+
+    def notify(self, channel: Channel) -> None:
+        """Wake the channel's listeners once this transaction commits (nothing if it
+        rolls back). StoreError in a read-only transaction."""
+
     # -- pins of upstream MCP tool definitions ------------------------------------------
 
     def observe_pin(self, server: str, tool: str, definition: dict[str, Any] | None) -> PinRecord:
@@ -260,6 +348,12 @@ class Store(Protocol):
 
     def verify_ledger(self) -> VerifyReport:
         """Recompute the whole hash chain; report the first row that does not fit."""
+
+    def listen(self, channel: Channel) -> Listener:
+        """Start listening on ``channel`` (close the listener when done). On
+        PostgreSQL it holds a connection of its own, outside the pool, and comes back
+        once listening (or once connecting failed: it keeps trying, not listening
+        meanwhile)."""
 
     def schema_version(self) -> int: ...
 

@@ -41,6 +41,9 @@ def attempt(tx: Tx, race: str, worker: int, n: int) -> bool:
     if race == "ledger":
         tx.append(LedgerEntry(kind="race", detail={"worker": worker, "n": n}))
         return True
+    if race == "claim":  # one queued dispatch job, if any is left
+        claimed = tx.claim_dispatches(f"w{worker}-{n}", limit=1, claim=timedelta(minutes=1))
+        return len(claimed) == 1
     raise ValueError(race)
 
 

@@ -214,12 +214,12 @@ def test_every_state_command_lists_its_exit_codes(command, codes, capsys):
         assert f"${STORE_ENV}" in out
 
 
-def test_the_proposals_help_says_dispatch_is_the_services(capsys):
+def test_the_proposals_help_says_dispatch_is_the_workers(capsys):
     with pytest.raises(SystemExit):
         main(["proposals", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "Dispatch is not a command" in out
-    assert "Gateway.dispatch" in out
+    assert "an execution worker (capgate serve runs one; capgate worker runs one alone)" in out
 
 
 # -- the store address ----------------------------------------------------------------------
@@ -669,7 +669,7 @@ def test_an_approval_from_the_cli_is_dispatched_once_by_the_service(world, capsy
         f"  binds:     digest {proposal.params_digest}, operation {proposal.operation_id}, "
         "tenant acme"
     )
-    assert "  next:      the execution service dispatches it (Gateway.dispatch)," in out
+    assert "  next:      an execution worker dispatches it (capgate serve's, or capgate" in out
     assert world.proposal(proposal.id).status is ProposalStatus.APPROVED
     with world.store.transaction(read_only=True) as tx:
         (review,) = tx.reviews(proposal.id)

@@ -8,7 +8,9 @@ released at once by a barrier:
 - 100 reservations of 1 against a limit of 10: exactly 10 succeed, 10 reserved;
 - 50 inserts of one (tenant, operation_id): exactly one gets a record;
 - 20 consumptions of one approval: exactly one succeeds;
-- 8 x 50 ledger appends: 400 consecutive sequence numbers, and the chain verifies.
+- 8 x 50 ledger appends: 400 consecutive sequence numbers, and the chain verifies;
+- 40 claims of one job each from a queue of 20: exactly 20 succeed, each job
+  claimed once (its ``tries`` is 1).
 """
 
 from __future__ import annotations
@@ -57,12 +59,23 @@ def _race(store: Store, threads: int, body: Callable[[Tx, int], T]) -> list[T]:
         return list(pool.map(one, range(threads)))
 
 
-def _prepare(store: Store, *, limit: int = 10, with_review: bool = False) -> None:
+def _prepare(store: Store, *, limit: int = 10, with_review: bool = False, jobs: int = 0) -> None:
     with store.transaction() as tx:
         tx.put_tenant("acme", budget_class="standard", budget_limit=limit)
         if with_review:
             tx.insert_proposal(proposal(tx.now))
             tx.insert_review(review(tx.now))
+        for n in range(jobs):
+            tx.insert_proposal(proposal(tx.now, id=f"pr-q{n}", operation_id=f"op-q{n}"))
+            tx.queue_dispatch(f"pr-q{n}")
+
+
+def _claimed_once(store: Store, jobs: int) -> None:
+    with store.transaction(read_only=True) as tx:
+        queued = tx.dispatches()
+    assert len(queued) == jobs
+    assert {job.tries for job in queued} == {1}
+    assert len({job.claimed_by for job in queued}) == jobs
 
 
 # -- threads ------------------------------------------------------------------------------
@@ -112,6 +125,13 @@ def test_8_threads_append_400_rows_to_one_chain(store: Store):
     report = store.verify_ledger()
     assert report.ok, report.problem
     assert report.rows == 400
+
+
+def test_40_threads_claim_20_jobs_each_once(store: Store):
+    _prepare(store, jobs=20)
+    wins = _race(store, 40, lambda tx, n: attempt(tx, "claim", 0, n))
+    assert sum(wins) == 20
+    _claimed_once(store, 20)
 
 
 # -- processes ----------------------------------------------------------------------------
@@ -164,6 +184,18 @@ def test_processes_insert_one_operation_once(store: Store, store_url: str):
 def test_processes_consume_one_approval_once(store: Store, store_url: str):
     _prepare(store, with_review=True)
     assert _race_processes(store_url, "review", processes=4, attempts_each=5) == 1
+
+
+def test_processes_claim_each_job_once(store_url: str):
+    # The system clock, as the children's: jobs queued at the fake clock's 2030 are
+    # not due for them.
+    system = open_store(store_url)
+    try:
+        _prepare(system, jobs=20)
+        assert _race_processes(store_url, "claim", processes=4, attempts_each=10) == 20
+        _claimed_once(system, 20)
+    finally:
+        system.close()
 
 
 def test_processes_append_to_one_chain(store: Store, store_url: str):

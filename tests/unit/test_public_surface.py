@@ -16,7 +16,7 @@ EXPECTED = {
     "ReviewRecord", "ReviewVerdict", "Secret", "Stage", "StaticCredentials", "Store",
     "StoreError", "SupportsLookup", "Task", "ToolContract", "ToolFailed", "ToolNotInCatalogue",
     "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable", "ToolUnknown",
-    "InProcessTools", "tool_registry",
+    "InProcessTools", "tool_registry", "Worker", "WorkerEvent", "WorkerSettings",
     "compile_catalogue", "load_catalogue", "open_store", "params_digest", "__version__",
 }  # fmt: skip
 

@@ -29,7 +29,18 @@ they are imported and called, so the file is as trusted as code: it is refused w
 others than its owner may write it. ``upstreams`` (optional) names MCP servers in the
 ``MCP_SERVERS`` syntax of :mod:`capgate.adapters.tools.mcp.config`, whose tools the catalogue maps
 (not given: the ``MCP_SERVERS`` gate of the environment); ``reconcile_seconds`` how
-often unknown outcomes are looked up while serving.
+often unknown outcomes are looked up while serving; ``lease_seconds`` how long a
+running operation whose runner stopped renewing it is left alone before it may be
+taken over; ``worker`` how the execution worker dispatches approved proposals
+(:class:`~capgate.gateway.service.worker.WorkerSettings`). ``capgate worker`` reads
+the same file for the same adapters, servers and credentials (its bindings unused)::
+
+    worker:
+      poll_seconds: 0.5        # SQLite: how often to look for approved proposals
+      concurrency: 4           # proposals dispatched at once
+      max_attempts: 5          # attempts of a retryable operation
+      first_backoff_seconds: 1
+      longest_backoff_seconds: 300
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import importlib
 import os
 import stat
 from collections.abc import Hashable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -54,8 +66,10 @@ from capgate.gateway.service.credentials import (
     EnvironmentCredentials,
     NoCredentials,
 )
+from capgate.gateway.service.gateway import DEFAULT_LEASE
 from capgate.gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
 from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.service.worker import WorkerSettings
 from capgate.gateway.tools.contract import Adapter
 
 __all__ = [
@@ -115,6 +129,12 @@ class ServeConfig(_Strict):
     #: How often the gateway reconciles while it serves: operations left running by
     #: a dead process become unknown, unknown ones are looked up.
     reconcile_seconds: float = Field(default=DEFAULT_RECONCILE_SECONDS, gt=0, le=86400)
+    #: How long a running operation is left alone before it may be reconciled or
+    #: taken over (a live runner renews it every third of it).
+    lease_seconds: float = Field(default=DEFAULT_LEASE.total_seconds(), gt=0, le=86400)
+    #: How the execution worker works (``capgate serve`` runs one unless
+    #: ``--no-worker``; ``capgate worker`` runs one alone).
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     credentials: str = "environment"
     list_changed_poll_seconds: float = Field(default=DEFAULT_POLL_SECONDS, gt=0, le=3600)
     #: Threads running tool calls (each runs a call to its end) and decisions (lists,
@@ -172,6 +192,11 @@ class ServeConfig(_Strict):
         return self
 
     # -- use ---------------------------------------------------------------------------
+
+    @property
+    def lease(self) -> timedelta:
+        """``lease_seconds``, as the gateway takes it."""
+        return timedelta(seconds=self.lease_seconds)
 
     def token_binding(self, token: str) -> HttpBinding | None:
         """The binding of a bearer token, or None.

@@ -14,9 +14,10 @@ the keyboard names, so whoever may run it against the store may approve as anyon
 call ``Gateway.review`` with the identity it authenticated.
 
 There is no ``dispatch`` command: dispatching runs the tool, so it belongs to the
-execution service that holds the tool adapters and the credentials
-(:meth:`gateway.Gateway.dispatch`), which asks OPA once more with the facts of that
-moment.
+process that holds the tool adapters and the credentials, an execution worker
+(``capgate serve`` runs one, ``capgate worker`` runs one alone:
+:mod:`capgate.gateway.service.worker`), which asks OPA once more with the facts of
+that moment (:meth:`gateway.Gateway.dispatch`).
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ from capgate.gateway.tools.registry import ToolRegistry
 __all__ = ["register"]
 
 _DISPATCH_NOTE: Final = (
-    "Dispatch is not a command: it runs the tool, so it belongs to the execution service "
-    "that holds the tool adapters and credentials (Gateway.dispatch), which asks OPA again "
-    "with the facts of that moment."
+    "Dispatch is not a command: it runs the tool, so it belongs to an execution worker "
+    "(capgate serve runs one; capgate worker runs one alone), which holds the tool adapters "
+    "and credentials and asks OPA again with the facts of that moment."
 )
 
 #: The one line ``show`` and ``approve`` print for an approved proposal.
-_NEXT: Final = "the execution service dispatches it (Gateway.dispatch), not this command"
+_NEXT: Final = (
+    "an execution worker dispatches it (capgate serve's, or capgate worker), not this command"
+)
 
 _REVIEW_EXITS: Final = (
     (EXIT_OK, "the verdict was recorded"),

@@ -1,4 +1,4 @@
-"""The store, written once in SQL for both backends.
+r"""The store, written once in SQL for both backends.
 
 :class:`SqlStore` implements :class:`~capgate.gateway.state.store.Store` and
 :class:`SqlTx` implements :class:`~capgate.gateway.state.store.Tx` over any
@@ -17,6 +17,9 @@ dialect and sessions. How each concurrency guarantee holds:
   update one step.
 - **Reviews** are consumed with a conditional ``UPDATE ... WHERE consumed_at IS
   NULL``: the first writer changes the row, every later one changes nothing.
+- **Dispatch jobs** are claimed and settled with conditional ``UPDATE`` statements on
+  their claim (PostgreSQL reads the candidates ``FOR UPDATE SKIP LOCKED``): each job goes
+  to one worker at a time.
 - **Ledger** appends take a transaction-scoped lock (an advisory lock on
   PostgreSQL; SQLite's writer lock) before reading the last row, so sequence
   numbers have no gaps and each ``prev_hash`` is the previous ``hash``.
@@ -30,7 +33,8 @@ both backends, so no half of a step is ever committed.
 Modules: ``core`` (what every statement goes through: the transaction base and the
 value and row helpers); one per aggregate, each a base class of :class:`SqlTx`:
 ``tenants`` (with their budgets), ``connections``, ``evidence``, ``operations``,
-``proposals`` (with their reviews), ``pins``, ``ledger``; ``tx`` (:class:`SqlTx`, which
+``proposals`` (with their reviews), ``dispatches`` (the execution workers' queue),
+``pins``, ``ledger``; ``listen`` (notices and who waits for them); ``tx`` (:class:`SqlTx`, which
 puts them together); ``store`` (:class:`SqlStore`: where a transaction begins and how
 it ends).
 """

@@ -33,9 +33,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from capgate.gateway.digest import canonical_json
 from capgate.gateway.errors import InvalidInput, StoreError, UnknownTenant, quote
 from capgate.gateway.model.facts import Identifier
-from capgate.gateway.state.backend import Dialect, LockName, Session
+from capgate.gateway.state.backend import Dialect, LockName, Session, wire_channel
 from capgate.gateway.state.migrations import read_version
 from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord
+from capgate.gateway.state.store import CHANNELS, Channel
 from capgate.gateway.state.times import from_text, to_text
 
 __all__ = ["TxCore"]
@@ -124,6 +125,8 @@ class TxCore:
         # it): no other transaction can change their rows before it ends, so an
         # update starts from the record held here instead of reading the row again.
         self._held: dict[tuple[str, str], OperationRecord] = {}
+        #: The channels to wake once this transaction commits.
+        self._notices: set[Channel] = set()
 
     # -- statements (every one goes through here) --------------------------------------
 
@@ -175,6 +178,18 @@ class TxCore:
         if row is None:
             raise UnknownTenant(tenant)
         return row
+
+    def notify(self, channel: Channel) -> None:
+        """Wake the channel's listeners once this transaction commits: this store
+        object's at once (:mod:`capgate.gateway.state.sql.listen`), every process's
+        on PostgreSQL (``pg_notify``, sent by the commit). Once per channel."""
+        if channel not in CHANNELS:
+            raise InvalidInput(f"no notice channel {quote(channel)}")
+        if self.read_only:
+            raise StoreError("a notice in a read-only transaction")
+        if channel not in self._notices and self._dialect.notify:
+            self._run(self._dialect.notify, {"channel": wire_channel(channel)})
+        self._notices.add(channel)
 
     def _schema_version(self) -> int:
         self._check()

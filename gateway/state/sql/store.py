@@ -8,6 +8,7 @@ migrated (or refused) when the store opens; each new connection checks that no n
 capgate has upgraded the store since; a pooled connection the server dropped is
 replaced before anything is done on it; transactions do not nest in a thread; and
 one in which a statement failed is rolled back even if the caller caught the error.
+A committed transaction's notices wake this store's listeners (:meth:`SqlStore.listen`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from types import TracebackType
 
-from capgate.gateway.errors import StoreError, StoreVersionError
+from capgate.gateway.errors import InvalidInput, StoreError, StoreVersionError, quote
 from capgate.gateway.state.backend import Backend, Session
 from capgate.gateway.state.migrations import (
     MIGRATIONS,
@@ -28,7 +29,9 @@ from capgate.gateway.state.migrations import (
 )
 from capgate.gateway.state.records import LedgerRow, VerifyReport
 from capgate.gateway.state.sql.core import _amount
+from capgate.gateway.state.sql.listen import Notices, StoreListener
 from capgate.gateway.state.sql.tx import SqlTx
+from capgate.gateway.state.store import CHANNELS, Channel
 from capgate.gateway.state.times import Clock, read_clock, system_clock, to_text
 
 __all__ = ["SqlStore"]
@@ -101,6 +104,8 @@ class _Transaction:
         try:
             if exc_type is None and tx._failed is None:
                 session.finish(commit=True)
+                if tx._notices:
+                    self._store._notices.committed(tx._notices)
             else:
                 session.finish(commit=False)
                 if exc_type is None:
@@ -139,6 +144,7 @@ class SqlStore:
         self._supported = check_steps(migrations)
         self._active = threading.local()
         self._closed = False
+        self._notices = Notices()
         try:
             session, _fresh = backend.acquire()
             try:
@@ -219,6 +225,16 @@ class SqlStore:
         with self.transaction(read_only=True) as tx:
             return tx._verify()
 
+    def listen(self, channel: Channel) -> StoreListener:
+        """Listen on ``channel`` (see :class:`~capgate.gateway.state.store.Listener`):
+        this store object's commits wake it at once, and on PostgreSQL every
+        process's, through a connection of its own. Close it when done."""
+        if channel not in CHANNELS:
+            raise InvalidInput(f"no notice channel {quote(channel)}")
+        if self._closed:
+            raise StoreError(f"store {self.location} is closed")
+        return StoreListener(self._notices, channel, self._backend)
+
     def schema_version(self) -> int:
         """The schema version the store is at."""
         with self.transaction(read_only=True) as tx:
@@ -227,4 +243,5 @@ class SqlStore:
     def close(self) -> None:
         """Close every connection; the store cannot be used afterwards."""
         self._closed = True
+        self._notices.close_all()
         self._backend.close()

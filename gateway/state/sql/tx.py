@@ -11,6 +11,7 @@ call), and no two define the same name, so their order here changes nothing.
 from __future__ import annotations
 
 from capgate.gateway.state.sql.connections import ConnectionsTx
+from capgate.gateway.state.sql.dispatches import DispatchesTx
 from capgate.gateway.state.sql.evidence import EvidenceTx
 from capgate.gateway.state.sql.ledger import LedgerTx
 from capgate.gateway.state.sql.operations import OperationsTx
@@ -21,7 +22,16 @@ from capgate.gateway.state.sql.tenants import TenantsTx
 __all__ = ["SqlTx"]
 
 
-class SqlTx(TenantsTx, ConnectionsTx, EvidenceTx, OperationsTx, ProposalsTx, PinsTx, LedgerTx):
+class SqlTx(
+    TenantsTx,
+    ConnectionsTx,
+    EvidenceTx,
+    OperationsTx,
+    ProposalsTx,
+    DispatchesTx,
+    PinsTx,
+    LedgerTx,
+):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
 
     Belongs to the thread that began it and ends with its ``with`` block; using it

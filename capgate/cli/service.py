@@ -1,0 +1,243 @@
+"""What ``capgate serve`` and ``capgate worker`` share: a gateway that runs for a while.
+
+Both commands read one configuration file (:mod:`capgate.adapters.fronts.mcp.config`)
+and build the gateway from it the same way, here, so that a deployment that runs
+them apart gives both the same tools and credentials: the ``tools`` adapters, the
+upstream MCP servers (``upstreams``, or the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate of
+the environment), the ``credentials`` resolver, the operation lease
+(``lease_seconds``), OPA (embedded, or ``--opa``/``$CAPGATE_OPA_URL``), a reconcile
+at start and every ``reconcile_seconds``, and the execution worker (``worker``).
+Each command keeps its own order of start-up around these (``serve`` binds its
+socket before OPA starts); SIGTERM becomes :class:`Terminated` in the main thread,
+so everything entered on the command's :class:`~contextlib.ExitStack` closes in
+order (the worker first finishing, or giving back, what it holds). A second SIGTERM
+(or Ctrl-C) while that goes on stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from capgate.adapters.fronts.mcp.config import ServeConfig
+from capgate.adapters.tools.mcp.config import (
+    MCP_ORACLE_ENV,
+    MCP_SERVERS_ENV,
+    ServerSpec,
+    servers_from_env,
+)
+from capgate.cli.commands.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    STORE_ENV,
+    Actions,
+    ExitRows,
+    exit_codes,
+    opened_store,
+)
+from capgate.demo.oracle_server import oracle_server_spec
+from capgate.gateway.errors import InvalidInput
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.credentials import CredentialResolver
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.recovery import Reconciler
+from capgate.gateway.service.worker import Worker, WorkerEvent
+from capgate.gateway.state.store import Store
+from capgate.gateway.tools.registry import ToolRegistry
+
+__all__ = [
+    "Parts",
+    "Terminated",
+    "add_log_level",
+    "command_parser",
+    "log_to_stderr",
+    "parts_of",
+    "run_until_stopped",
+    "start_gateway",
+    "start_worker",
+]
+
+
+def command_parser(
+    sub: Actions, name: str, *, help: str, description: str, exits: ExitRows, config: str
+) -> argparse.ArgumentParser:
+    """The command's parser with what both take first: ``--catalogue``, ``--store``,
+    ``--config`` (``config`` says what the command reads from it) and ``--opa``."""
+    parser = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=exit_codes(exits),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--catalogue", type=Path, required=True, help="catalogue folder")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"the gateway's store: a SQLite file path or postgresql://... (default: ${STORE_ENV})",
+    )
+    parser.add_argument("--config", type=Path, required=True, metavar="FILE", help=config)
+    parser.add_argument(
+        "--opa", help="external OPA address (default: $CAPGATE_OPA_URL or embedded)"
+    )
+    return parser
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning"],
+        default="info",
+        help="level of capgate's own log lines on stderr (default: info)",
+    )
+
+
+class Terminated(Exception):
+    """SIGTERM, turned into an exception so that OPA, the store and sockets close."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def run_until_stopped(
+    args: argparse.Namespace, command: str, body: Callable[[Store, contextlib.ExitStack], int]
+) -> int:
+    """Open the store, run ``body`` with it and an exit stack, close both in order.
+
+    SIGTERM stops it with exit status 0, Ctrl-C with 130; either way, everything
+    ``body`` entered on the stack is closed first (the worker stopping gracefully)."""
+    try:
+        with (
+            _terminated_by_sigterm(),
+            opened_store(args) as store,
+            contextlib.ExitStack() as stack,
+        ):
+            return body(store, stack)
+    except Terminated:
+        print(f"capgate {command}: stopped (SIGTERM)", file=sys.stderr)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("capgate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _terminated_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread while inside."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _OwnLevel(logging.Filter):
+    """capgate's records from ``level`` up, everyone else's from WARNING up."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name.startswith("capgate.")
+        return record.levelno >= (self.level if ours else logging.WARNING)
+
+
+def log_to_stderr(level: str) -> None:
+    """Log lines on stderr (stdout is the MCP channel over stdio): capgate's at
+    ``level``, every other library's at WARNING only."""
+    number = logging.getLevelNamesMapping()[level.upper()]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_OwnLevel(number))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(number, logging.WARNING))
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the configuration names, built before anything starts."""
+
+    config: ServeConfig
+    registry: ToolRegistry
+    upstreams: list[ServerSpec]
+    credentials: CredentialResolver
+
+
+def _upstreams(config: ServeConfig, command: str) -> list[ServerSpec]:
+    """The configuration's ``upstreams``; without them, the ``MCP_SERVERS`` /
+    ``MCP_ORACLE`` gate of the environment, as the library's default registry reads it."""
+    configured = config.upstream_servers()
+    if configured or config.upstreams is not None:
+        return configured
+    gate = servers_from_env(oracle=oracle_server_spec())
+    if gate:
+        print(
+            f"capgate {command}: upstream MCP servers from ${MCP_SERVERS_ENV} / "
+            f"${MCP_ORACLE_ENV}: {', '.join(server.id for server in gate)}",
+            file=sys.stderr,
+        )
+    return gate
+
+
+def parts_of(config: ServeConfig, command: str) -> Parts:
+    """The adapters (imported and made now), the upstream servers and the resolver."""
+    registry = ToolRegistry(*config.adapters())
+    upstreams = _upstreams(config, command)
+    return Parts(config, registry, upstreams, config.credential_resolver())
+
+
+def start_gateway(
+    stack: contextlib.ExitStack,
+    parts: Parts,
+    catalogue: Catalogue,
+    store: Store,
+    *,
+    opa_url: str | None,
+) -> Gateway:
+    """Attach the upstream servers, start OPA, build the gateway, reconcile what a
+    previous process left open, and keep reconciling; all closed with ``stack``."""
+    if parts.upstreams:  # servers start at their first call, and stop with the stack
+        try:
+            from capgate.adapters.tools.mcp import McpTools
+        except ImportError:
+            raise InvalidInput(
+                "upstream MCP servers need the mcp extra: pip install 'capgate[mcp]'"
+            ) from None
+        parts.registry.attach(
+            stack.enter_context(McpTools(catalogue, parts.upstreams, store, unplaced=True))
+        )
+    sidecar = stack.enter_context(PolicySidecar(catalogue, opa_url=opa_url))
+    gateway = Gateway(
+        catalogue,
+        sidecar.client,
+        parts.registry,
+        store,
+        credentials=parts.credentials,
+        lease=parts.config.lease,
+    )
+    gateway.reconcile()
+    stack.enter_context(Reconciler(gateway, parts.config.reconcile_seconds))
+    return gateway
+
+
+def start_worker(
+    stack: contextlib.ExitStack,
+    gateway: Gateway,
+    config: ServeConfig,
+    *,
+    on_event: Callable[[WorkerEvent], None] | None = None,
+) -> Worker:
+    """The execution worker of ``config.worker``, stopped (gracefully) with ``stack``;
+    ``on_event`` hears what it did (where notices of dispatched and blocked attach)."""
+    return stack.enter_context(Worker(gateway, config.worker, on_event=on_event))
