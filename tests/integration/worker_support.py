@@ -35,6 +35,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.worker import WorkerEvent
 from capgate.gateway.state.records import DispatchJob, DispatchStatus, ProposalRecord
 from capgate.gateway.state.store import Store
+from tests.hang import HANG_SECONDS
 from tests.integration.lifecycle_support import (
     EMAIL,
     MANAGER,
@@ -48,8 +49,8 @@ from tests.integration.lifecycle_support import (
 
 EFFECTS_ENV: Final = "CAPGATE_TEST_EFFECTS"
 HOLD_ENV: Final = "CAPGATE_TEST_HOLD"
-#: Bounds a hang only: every wait is for a condition, long before this on any machine.
-HANG: Final = 600.0
+#: Bounds a hang only: every wait is for a condition (the suite's one hang bound).
+HANG: Final = HANG_SECONDS
 #: The evidence ``quote.prepare_send`` requires of its task.
 EVIDENCE: Final = ("current_quote_revision", "verified_recipient", "communication_permission")
 SALES_REQUEST: Final = agent_request(SALES, QUOTE_TASK)
