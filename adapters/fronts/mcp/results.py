@@ -34,37 +34,8 @@ carry given the tool the client called, as ``tools/list`` advertised it:
   client that listed the tool with an output schema before it was hidden still
   reads the answer.
 
-=========================  ========  ====================================================
-what happened              isError   ``_meta["capgate/outcome"]`` (and, where the tool
-                                     admits it, ``structuredContent``)
-=========================  ========  ====================================================
-the tool ran, success      false     ``tool``, ``version``, ``status``, ``operation_id``,
-                                     ``decision_id``, ``receipt``; structured content is
-                                     the tool's result (untrusted data, checked against
-                                     the contract's output schema)
-proposed for review        false     ``{"status": "pending_review", "proposal_id",
-                                     "operation_id", "tool", "version", "decision_id"}``,
-                                     and ``unsettled_twins`` when there are any
-ran, did not succeed       true      a success's keys and ``"error": "tool_<status>"``,
-                                     ``recovery``, ``retry_after_seconds``,
-                                     ``tool_error``
-denied by the policy       true      ``{"error": "capability_denied", "reason_codes",
-                                     "message"}``
-hidden or no such tool     true      ``{"error": "unknown_tool", "message"}``, the very
-                                     same bytes for both
-invalid arguments          true      ``{"error": "input_invalid", "message"}`` naming the
-                                     field and the rule, never the value
-no decision (fail closed)  true      ``{"error": "policy_unavailable", "message"}`` (and
-                                     the other codes of ``capgate.gateway.errors``), a fixed
-                                     message
-=========================  ========  ====================================================
-
-Only capgate's own wording reaches the client: the policy's reason messages (they
-name facts), OPA's and the store's error messages (addresses, paths) and exception
-texts stay out; ``input_invalid`` messages are the dispatcher's, which name fields
-and schema rules only. A tool's own error text is the one piece of untrusted text
-passed on, as ``tool_error`` in the facts (never in the text), because it is the
-answer to the caller's own call.
+Which facts each kind of answer carries, whether it is an error, and which wording
+never reaches the client, is written once, in :mod:`capgate.adapters.fronts.answers`.
 """
 
 from __future__ import annotations
