@@ -51,7 +51,7 @@ from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.facts import ConnectionStatus, Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import EnvironmentCredentials, StaticCredentials
 from capgate.gateway.service.gateway import Gateway
@@ -85,7 +85,9 @@ AGENT: Final = AgentRequest.model_validate(
         "environment": "production",
     }
 )
-MANAGER: Final = Principal(agent="maria", role="sales_manager", tenant=TENANT)
+MANAGER: Final = Reviewer(
+    id="maria", role="sales_manager", tenant=TENANT, authenticated_by="test:fixture"
+)
 
 
 def _seed(store: Store) -> None:

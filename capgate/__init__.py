@@ -51,6 +51,7 @@ from capgate.gateway.model.facts import (
     ExecuteInput,
     Principal,
     ResourceRef,
+    Reviewer,
     Stage,
     Task,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "ReviewDecision",
     "ReviewRecord",
     "ReviewVerdict",
+    "Reviewer",
     "Secret",
     "Stage",
     "StaticCredentials",

@@ -43,6 +43,8 @@ __all__ = [
     "ResourceRef",
     "ReviewInput",
     "ReviewProposal",
+    "Reviewer",
+    "ReviewerKind",
     "Stage",
     "Task",
 ]
@@ -90,11 +92,57 @@ class ConnectionStatus(StrEnum):
 
 
 class Principal(_Facts):
-    """Who is asking: the agent, the role it acts in, and the tenant it acts for."""
+    """Who is asking: the agent, the role it acts in, and the tenant it acts for.
+
+    ``acts_for`` names the person an agent works for, when it works for one: the
+    review policy counts a review by that person (or by another agent acting for
+    them) of this agent's proposal as a self-review.
+    """
 
     agent: Identifier
     role: Identifier
     tenant: Identifier
+    acts_for: Identifier | None = None
+
+
+#: How a reviewer's identity was established, as a front records it.
+ReviewerKind = Literal["person", "agent", "operator"]
+
+
+class Reviewer(_Facts):
+    """Who gives a verdict on a proposal: an identity a front authenticated.
+
+    ``id`` is the identity the gateway knows (a person's id from the configuration,
+    an agent's name, an operator's id), the only name the review policy compares:
+    the same person under two display names is one id, so still a self-review.
+    ``authenticated_by`` says how the front established it (``token:<binding>``,
+    ``oidc:<issuer>``, ``os-user:<name>``, or what a service that authenticated
+    its users itself says), and the ledger records it with every review. No front
+    takes a reviewer from a request's arguments: an identity comes from a
+    credential (:mod:`capgate.adapters.fronts.people`).
+    """
+
+    id: Identifier
+    role: Identifier
+    tenant: Identifier
+    kind: ReviewerKind = "person"
+    #: The person an agent reviewer works for (as :attr:`Principal.acts_for`).
+    acts_for: Identifier | None = None
+    #: How people see the reviewer; never compared, never an identity.
+    display_name: str | None = Field(default=None, min_length=1, max_length=200)
+    authenticated_by: str = Field(min_length=1, max_length=300, pattern=r"^[\x21-\x7e]+$")
+
+    @classmethod
+    def of_agent(cls, principal: Principal, authenticated_by: str) -> Reviewer:
+        """An agent principal as a reviewer (an MCP binding whose role may review)."""
+        return cls(
+            id=principal.agent,
+            role=principal.role,
+            tenant=principal.tenant,
+            kind="agent",
+            acts_for=principal.acts_for,
+            authenticated_by=authenticated_by,
+        )
 
 
 class ResourceRef(_Facts):
@@ -255,7 +303,7 @@ class ReviewProposal(_Facts):
 class ReviewInput(_Facts):
     """Input of ``capgate/review``: may this reviewer give this verdict on this proposal?"""
 
-    reviewer: Principal
+    reviewer: Reviewer
     proposal: ReviewProposal
     verdict: Identifier
 

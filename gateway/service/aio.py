@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from capgate.gateway.model.decisions import ComposeDecision
-from capgate.gateway.model.facts import Principal
+from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
@@ -90,7 +90,7 @@ class AsyncGateway:
     async def review(
         self,
         proposal_id: str,
-        reviewer: Principal,
+        reviewer: Reviewer,
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,

@@ -49,6 +49,7 @@ from capgate.gateway.model.facts import (
     Identifier,
     Principal,
     ProposalRef,
+    Reviewer,
     Stage,
     Task,
 )
@@ -244,16 +245,19 @@ class Gateway:
     def review(
         self,
         proposal_id: str,
-        reviewer: Principal,
+        reviewer: Reviewer,
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,
     ) -> ReviewRecord:
         """A reviewer approves or rejects a pending proposal, if OPA says they may.
 
-        Raises UnknownProposal, CapabilityViolation (the review policy's reasons,
-        e.g. self_review or reviewer_not_permitted) or PolicyUnavailable; an approval
-        binds the proposal's digest, operation and tenant and expires after ``ttl``.
+        ``reviewer`` is the identity a front authenticated (a token, an OIDC ID
+        token, the operator at the command line; :mod:`capgate.adapters.fronts.people`),
+        never a name a request carries. Raises UnknownProposal, CapabilityViolation
+        (the review policy's reasons, e.g. self_review or reviewer_not_permitted) or
+        PolicyUnavailable; an approval binds the proposal's digest, operation and
+        tenant and expires after ``ttl``.
         """
         return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl)
 

@@ -12,16 +12,34 @@ import hashlib
 from typing import Any
 
 from capgate.gateway.enforce.grant import Authorised
-from capgate.gateway.model.facts import Principal
+from capgate.gateway.model.facts import Principal, Reviewer
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.state.store import Store
 
-__all__ = ["append", "entry", "text_digest", "who"]
+__all__ = ["append", "entry", "reviewer_detail", "reviewer_name", "text_digest", "who"]
 
 
 def who(principal: Principal) -> str:
     """How a principal is named in a row: ``agent/role`` (the tenant has its own field)."""
     return f"{principal.agent}/{principal.role}"
+
+
+def reviewer_name(reviewer: Reviewer) -> str:
+    """How a reviewer is named in a row: ``id/role``, the authenticated id."""
+    return f"{reviewer.id}/{reviewer.role}"
+
+
+def reviewer_detail(reviewer: Reviewer) -> dict[str, Any]:
+    """What a review row records of who gave it: the authenticated id, its kind and
+    how it was authenticated (the display name stays in the review record)."""
+    detail: dict[str, Any] = {
+        "reviewer": reviewer.id,
+        "reviewer_kind": reviewer.kind,
+        "authenticated_by": reviewer.authenticated_by,
+    }
+    if reviewer.acts_for is not None:
+        detail["acts_for"] = reviewer.acts_for
+    return detail
 
 
 def text_digest(text: object) -> str:

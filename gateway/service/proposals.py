@@ -32,9 +32,9 @@ from capgate.gateway.errors import (
 )
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason, ReviewDecision
-from capgate.gateway.model.facts import Approval, Principal, ReviewInput
+from capgate.gateway.model.facts import Approval, Reviewer, ReviewInput
 from capgate.gateway.model.outcomes import OutcomeStatus
-from capgate.gateway.service.ledger import append, entry, who
+from capgate.gateway.service.ledger import append, entry, reviewer_detail, reviewer_name, who
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import (
     LedgerEntry,
@@ -159,6 +159,7 @@ class Proposals:
                     detail={
                         "task": request.task_id,
                         "params_digest": stored.params_digest,
+                        "authenticated_by": request.authenticated_by or "library",
                         **({"unsettled_twins": twins} if twins else {}),
                     },
                 )
@@ -182,19 +183,25 @@ class Proposals:
     def review(
         self,
         proposal_id: str,
-        reviewer: Principal,
+        reviewer: Reviewer,
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,
     ) -> ReviewRecord:
         """A reviewer approves or rejects a pending proposal, if OPA says they may.
 
-        Raises UnknownProposal, CapabilityViolation (the review policy's reasons,
-        e.g. self_review or reviewer_not_permitted) or PolicyUnavailable; an approval
-        binds the proposal's digest, operation and tenant and expires after ``ttl``.
+        ``reviewer`` is an authenticated identity (a front's: never a name from a
+        request). Raises UnknownProposal, CapabilityViolation (the review policy's
+        reasons, e.g. self_review or reviewer_not_permitted) or PolicyUnavailable; an
+        approval binds the proposal's digest, operation and tenant and expires after
+        ``ttl``. Every verdict, given or refused, is a ledger row naming the
+        reviewer's id and how they were authenticated.
         """
-        if not isinstance(reviewer, Principal):
-            raise InvalidInput(f"reviewer must be a Principal, not a {type(reviewer).__name__}")
+        if not isinstance(reviewer, Reviewer):
+            raise InvalidInput(
+                f"reviewer must be a Reviewer (an authenticated identity), not a "
+                f"{type(reviewer).__name__}"
+            )
         try:
             verdict = ReviewVerdict(verdict)
         except ValueError:
@@ -227,13 +234,14 @@ class Proposals:
         row = LedgerEntry(
             kind="review",
             tenant=proposal.tenant,
-            principal=who(reviewer),
+            principal=reviewer_name(reviewer),
             tool=proposal.tool,
             contract_version=proposal.contract_version,
             operation_id=proposal.operation_id,
             proposal_id=proposal.id,
             decision_id=decision.decision_id,
             policy_revision=policy_revision(decision.bundle_revisions),
+            detail=reviewer_detail(reviewer),
         )
         if not decision.allow or decision.reasons:
             append(
@@ -260,7 +268,7 @@ class Proposals:
                     update={
                         "outcome": "refused",
                         "reason_codes": ["proposal_not_pending"],
-                        "detail": {"after_allow": True},
+                        "detail": {**row.detail, "after_allow": True},
                     }
                 ),
             )
@@ -269,13 +277,19 @@ class Proposals:
                 [Reason(code="proposal_not_pending", message="the proposal is no longer pending")],
                 decision_id=decision.decision_id,
             ) from None
-        log.info("review proposal=%s verdict=%s by=%s", proposal.id, verdict.value, who(reviewer))
+        log.info(
+            "review proposal=%s verdict=%s by=%s via=%s",
+            proposal.id,
+            verdict.value,
+            reviewer_name(reviewer),
+            reviewer.authenticated_by,
+        )
         return record
 
     def _record(
         self,
         proposal: ProposalRecord,
-        reviewer: Principal,
+        reviewer: Reviewer,
         verdict: ReviewVerdict,
         kind: str,
         ttl: timedelta,
@@ -315,7 +329,9 @@ class Proposals:
                 # is ever left without a job for the execution workers.
                 tx.queue_dispatch(proposal.id)
             tx.append(
-                row.model_copy(update={"outcome": status.value, "detail": {"review": record.id}})
+                row.model_copy(
+                    update={"outcome": status.value, "detail": {**row.detail, "review": record.id}}
+                )
             )
         return record
 
@@ -353,7 +369,7 @@ def approval_fact(review: ReviewRecord | None, proposal: ProposalRecord) -> Appr
         tenant=review.tenant,
         digest=review.digest,
         expires_at=review.expires_at,
-        approved_by=review.reviewer.agent,
+        approved_by=review.reviewer.id,
         used=review.consumed_at is not None and proposal.status is not ProposalStatus.DISPATCHED,
     )
 

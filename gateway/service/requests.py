@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capgate.gateway.errors import quote
 from capgate.gateway.model.facts import Identifier, Principal, Task
@@ -33,6 +33,12 @@ class AgentRequest(BaseModel):
     principal: Principal
     task: Task
     environment: Identifier
+    #: How the front that made this request established who the agent is
+    #: (``token:<binding>``, ``stdio``); recorded with every proposal. A library
+    #: caller that authenticated its agent may say how; None reads as ``library``.
+    authenticated_by: str | None = Field(
+        default=None, min_length=1, max_length=300, pattern=r"^[\x21-\x7e]+$"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 
 from capgate.gateway.digest import canonical_json, digest_of
 from capgate.gateway.model.contracts import UpstreamToolName
-from capgate.gateway.model.facts import ConnectionStatus, Identifier, Principal
+from capgate.gateway.model.facts import ConnectionStatus, Identifier, Principal, Reviewer
 
 __all__ = [
     "MAX_AMOUNT",
@@ -159,7 +159,8 @@ class ReviewRecord(_Record):
 
     id: Identifier
     proposal_id: Identifier
-    reviewer: Principal
+    #: The authenticated identity that gave the verdict, as the front established it.
+    reviewer: Reviewer
     verdict: ReviewVerdict
     kind: Identifier  # the approval kind the reviewer granted
     tenant: Identifier

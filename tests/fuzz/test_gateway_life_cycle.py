@@ -90,7 +90,7 @@ from capgate.gateway.errors import (
 )
 from capgate.gateway.model.contracts import Catalogue, Idempotency
 from capgate.gateway.model.decisions import ExecuteDecision
-from capgate.gateway.model.facts import ExecuteInput, Principal, Stage
+from capgate.gateway.model.facts import ExecuteInput, Reviewer, Stage
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.requests import AgentRequest
@@ -174,15 +174,21 @@ AGENTS: Final = {
     "support": _agent("help-bot", "support", ACME, QUOTE_TASK),
     "globex sales": _agent("sales-bot", "sales", GLOBEX, QUOTE_TASK),
 }
+
+
+def _reviewer(name: str, role: str, tenant: str) -> Reviewer:
+    return Reviewer(id=name, role=role, tenant=tenant, authenticated_by="test:fuzz")
+
+
 #: Who reviews. "fit" (drawn most) is the one the catalogue names for the proposal
 #: in its tenant; the others may not review it, or not every proposal.
 REVIEWERS: Final = {
-    "maria": Principal(agent="maria", role="sales_manager", tenant=ACME),
-    "carl": Principal(agent="carl", role="controller", tenant=ACME),
-    "sam (support)": Principal(agent="sam", role="support", tenant=ACME),
-    "sales-bot (sales_manager)": Principal(agent="sales-bot", role="sales_manager", tenant=ACME),
-    "finance-bot (controller)": Principal(agent="finance-bot", role="controller", tenant=ACME),
-    "mallory of globex": Principal(agent="mallory", role="sales_manager", tenant=GLOBEX),
+    "maria": _reviewer("maria", "sales_manager", ACME),
+    "carl": _reviewer("carl", "controller", ACME),
+    "sam (support)": _reviewer("sam", "support", ACME),
+    "sales-bot (sales_manager)": _reviewer("sales-bot", "sales_manager", ACME),
+    "finance-bot (controller)": _reviewer("finance-bot", "controller", ACME),
+    "mallory of globex": _reviewer("mallory", "sales_manager", GLOBEX),
 }
 FIT: Final = "fit"
 
@@ -543,7 +549,7 @@ class LifeCycle:
     def proposal_id(self, which: int | None) -> str:
         return "prop-does-not-exist" if which is None else self.proposals[which]
 
-    def reviewer(self, step: Review) -> Principal:
+    def reviewer(self, step: Review) -> Reviewer:
         if step.reviewer != FIT:
             return REVIEWERS[step.reviewer]
         if step.proposal is None:
@@ -558,7 +564,7 @@ class LifeCycle:
                 for p in REVIEWERS.values()
                 if p.tenant == proposal.tenant
                 and p.role in reviewers
-                and p.agent != proposal.proposer.agent
+                and p.id != proposal.proposer.agent
             ),
             REVIEWERS["maria"],
         )
@@ -967,7 +973,7 @@ class LifeCycle:
             review = consumed[0]
             contract = self.lab.catalogue.tools[proposal.tool]
             assert review.verdict is ReviewVerdict.APPROVED
-            assert review.reviewer.agent != proposal.proposer.agent, f"{where}self-approved"
+            assert review.reviewer.id != proposal.proposer.agent, f"{where}self-approved"
             assert review.reviewer.tenant == proposal.tenant, f"{where}approved by another tenant"
             assert review.reviewer.role in contract.reviewers, f"{where}approved by a non-reviewer"
             approvals = [

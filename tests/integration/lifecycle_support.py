@@ -47,7 +47,7 @@ from capgate.adapters.tools.in_process import InProcessTools, current_call
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.facts import ConnectionStatus, Principal, Reviewer
 from capgate.gateway.model.outcomes import ToolUnknown
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.policy.client import PolicyClient
@@ -79,8 +79,12 @@ ACCOUNTS: Final = {
 
 SALES: Final = Principal(agent="sales-bot", role="sales", tenant=TENANT)
 FINANCE: Final = Principal(agent="finance-bot", role="finance", tenant=TENANT)
-MANAGER: Final = Principal(agent="maria", role="sales_manager", tenant=TENANT)
-CONTROLLER: Final = Principal(agent="carl", role="controller", tenant=TENANT)
+MANAGER: Final = Reviewer(
+    id="maria", role="sales_manager", tenant=TENANT, authenticated_by="test:fixture"
+)
+CONTROLLER: Final = Reviewer(
+    id="carl", role="controller", tenant=TENANT, authenticated_by="test:fixture"
+)
 
 QUOTE_TASK: Final[dict[str, Any]] = {
     "type": "customer_quote",

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from capgate.gateway.model.facts import Principal
+from capgate.gateway.model.facts import Principal, Reviewer
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import (
     ProposalRecord,
@@ -154,7 +154,9 @@ def review(
     return ReviewRecord(
         id=id,
         proposal_id=proposal_id,
-        reviewer=Principal(agent="ada", role="sales_manager", tenant="acme"),
+        reviewer=Reviewer(
+            id="ada", role="sales_manager", tenant="acme", authenticated_by="test:fixture"
+        ),
         verdict=verdict,
         kind="human",
         tenant="acme",

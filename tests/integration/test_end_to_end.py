@@ -38,6 +38,7 @@ from capgate.gateway.model.facts import (
     ConnectionStatus,
     Principal,
     ProposalRef,
+    Reviewer,
     Stage,
 )
 from capgate.gateway.model.outcomes import OutcomeStatus
@@ -399,8 +400,14 @@ SECRETS = {
 }
 FINANCE = Principal(agent="finance-bot", role="finance", tenant="acme")
 SALES = Principal(agent="sales-bot", role="sales", tenant="acme")
-CONTROLLER = Principal(agent="carl", role="controller", tenant="acme")
-MANAGER = Principal(agent="maria", role="sales_manager", tenant="acme")
+
+
+def _reviewer(name: str, role: str, tenant: str) -> Reviewer:
+    return Reviewer(id=name, role=role, tenant=tenant, authenticated_by="test:fixture")
+
+
+CONTROLLER = Reviewer(id="carl", role="controller", tenant="acme", authenticated_by="test:fixture")
+MANAGER = Reviewer(id="maria", role="sales_manager", tenant="acme", authenticated_by="test:fixture")
 PAY_TASK = {
     "type": "invoice_payment",
     "id": "task-pay-9",
@@ -550,9 +557,9 @@ def test_evidence_a_tool_refused_to_produce_is_not_recorded(gateway, desk, store
     ("reviewer", "codes"),
     [
         (MANAGER, ["reviewer_not_permitted"]),  # approves quotes, not payments
-        (Principal(agent="finance-bot", role="controller", tenant="acme"), ["self_review"]),
-        (Principal(agent="carl", role="controller", tenant="globex"), ["tenant_mismatch"]),
-        (Principal(agent="fin-2", role="finance", tenant="acme"), ["reviewer_not_permitted"]),
+        (_reviewer("finance-bot", "controller", "acme"), ["self_review"]),
+        (_reviewer("carl", "controller", "globex"), ["tenant_mismatch"]),
+        (_reviewer("fin-2", "finance", "acme"), ["reviewer_not_permitted"]),
     ],
     ids=["a reviewer of another tool", "the proposer", "another tenant", "the caller's role"],
 )

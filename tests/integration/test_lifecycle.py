@@ -45,7 +45,7 @@ from capgate.gateway.errors import (
     UnknownTenant,
 )
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.facts import ConnectionStatus, Principal, Reviewer
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import StaticCredentials
@@ -115,7 +115,9 @@ METER_REQUEST = agent_request(SALES, METER_TASK)
 # -- helpers --------------------------------------------------------------------------------
 
 
-def gather_evidence(gateway: Gateway, request: AgentRequest = SALES_REQUEST) -> None:
+def gather_evidence(
+    gateway: Gateway, request: AgentRequest = SALES_REQUEST, reviewer: Reviewer = MANAGER
+) -> None:
     """The evidence quote.prepare_send requires, produced the way an agent would:
     a verified recipient, their consent, and a dispatched quote."""
     session = AgentSession(gateway, request)
@@ -123,7 +125,7 @@ def gather_evidence(gateway: Gateway, request: AgentRequest = SALES_REQUEST) -> 
     session.call_tool("consent.check", contact_id="c-42")
     quote = session.call_tool("quote.propose", **QUOTE)
     assert quote["status"] == "pending_review"
-    gateway.review(quote["proposal_id"], MANAGER, "approved")
+    gateway.review(quote["proposal_id"], reviewer, "approved")
     assert gateway.dispatch(quote["proposal_id"]).ok
 
 
@@ -526,13 +528,69 @@ def test_a_premature_dispatch_leaves_the_proposal_reviewable(
     assert len(desk.mailbox) == 1
 
 
+def test_a_person_cannot_approve_what_their_agent_proposed_under_any_name(
+    gateway: Gateway, store: Store
+) -> None:
+    # maria's assistant proposes; maria, however she is shown or spelled, and any
+    # agent acting for her, is refused as self_review. Someone else's verdict goes
+    # through, and every row names the authenticated identity and how it was had.
+    assistant = agent_request(
+        Principal(agent="maria-assistant", role="sales", tenant=TENANT, acts_for="maria"),
+        QUOTE_TASK,
+    ).model_copy(update={"authenticated_by": "token:maria-laptop"})
+    other = Reviewer(
+        id="mike", role="sales_manager", tenant=TENANT, authenticated_by="oidc:https://idp.test"
+    )
+    gather_evidence(gateway, assistant, reviewer=other)
+    proposal = propose(gateway, assistant)
+    for reviewer in (
+        MANAGER.model_copy(update={"display_name": "M. Rossi (second account)"}),
+        MANAGER.model_copy(update={"id": "Maria"}),
+        Reviewer(
+            id="helper",
+            role="sales_manager",
+            tenant=TENANT,
+            kind="agent",
+            acts_for="MARIA",
+            authenticated_by="token:helper",
+        ),
+    ):
+        denial = denied(lambda r=reviewer: gateway.review(proposal.id, r, "approved"))
+        assert denial.reason_codes == ["self_review"], reviewer
+    assert proposal_of(store, proposal.id).status is ProposalStatus.PENDING
+    review = gateway.review(proposal.id, other, "approved")
+    assert (review.reviewer.id, review.reviewer.authenticated_by) == (
+        "mike",
+        "oidc:https://idp.test",
+    )
+    rows = store.ledger(proposal_id=proposal.id)
+    proposed = next(r for r in rows if r.kind == "proposal")
+    assert proposed.principal == "maria-assistant/sales"
+    assert proposed.detail["authenticated_by"] == "token:maria-laptop"
+    reviews = [r for r in rows if r.kind == "review"]
+    assert [(r.outcome, r.detail["reviewer"]) for r in reviews] == [
+        ("refused", "maria"),
+        ("refused", "Maria"),
+        ("refused", "helper"),
+        ("approved", "mike"),
+    ]
+    assert reviews[-1].detail["authenticated_by"] == "oidc:https://idp.test"
+    assert reviews[2].detail["acts_for"] == "MARIA"
+
+
 def test_the_proposer_cannot_approve_its_own_proposal(gateway: Gateway, store: Store) -> None:
     gather_evidence(gateway)
     proposal = propose(gateway)
-    denial = denied(lambda: gateway.review(proposal.id, SALES, "approved"))
+    # An agent passed where an identity belongs is refused before OPA is asked.
+    with pytest.raises(InvalidInput, match="reviewer must be a Reviewer"):
+        gateway.review(proposal.id, SALES, "approved")  # type: ignore[arg-type]
+    as_agent = Reviewer.of_agent(SALES, authenticated_by="token:sales-bot")
+    denial = denied(lambda: gateway.review(proposal.id, as_agent, "approved"))
     assert "self_review" in denial.reason_codes
     # Even in a reviewer's role, the same agent is the proposer.
-    same_agent = Principal(agent=SALES.agent, role="sales_manager", tenant=TENANT)
+    same_agent = Reviewer(
+        id=SALES.agent, role="sales_manager", tenant=TENANT, authenticated_by="test:fixture"
+    )
     denial = denied(lambda: gateway.review(proposal.id, same_agent, "approved"))
     assert denial.reason_codes == ["self_review"]
     assert denial.decision_id is not None
@@ -551,7 +609,9 @@ def test_the_proposer_cannot_approve_its_own_proposal(gateway: Gateway, store: S
 def test_a_reviewer_of_another_tenant_is_refused(gateway: Gateway, store: Store) -> None:
     gather_evidence(gateway)
     proposal = propose(gateway)
-    outsider = Principal(agent="mallory", role="sales_manager", tenant="globex")
+    outsider = Reviewer(
+        id="mallory", role="sales_manager", tenant="globex", authenticated_by="test:fixture"
+    )
     denial = denied(lambda: gateway.review(proposal.id, outsider, "approved"))
     assert denial.reason_codes == ["tenant_mismatch"]
     assert proposal_of(store, proposal.id).status is ProposalStatus.PENDING
@@ -583,7 +643,9 @@ def test_only_a_pending_proposal_is_reviewed(
     gateway: Gateway, store: Store, desk: SalesDesk
 ) -> None:
     proposal = approved_email(gateway)
-    other_manager = Principal(agent="mike", role="sales_manager", tenant=TENANT)
+    other_manager = Reviewer(
+        id="mike", role="sales_manager", tenant=TENANT, authenticated_by="test:fixture"
+    )
     for verdict in ("approved", "rejected"):
         denial = denied(lambda v=verdict: gateway.review(proposal.id, other_manager, v))
         assert denial.reason_codes == ["proposal_not_pending"]
@@ -604,11 +666,12 @@ def test_concurrent_reviews_record_one_verdict(gateway: Gateway, store: Store) -
     gather_evidence(gateway)
     proposal = propose(gateway)
     reviewers = [
-        Principal(agent=f"manager-{n}", role="sales_manager", tenant=TENANT) for n in range(6)
+        Reviewer(id=f"manager-{n}", role="sales_manager", tenant=TENANT, authenticated_by="test")
+        for n in range(6)
     ]
     start = threading.Barrier(len(reviewers))
 
-    def review(reviewer: Principal) -> str:
+    def review(reviewer: Reviewer) -> str:
         start.wait(timeout=HANG_SECONDS)
         try:
             gateway.review(proposal.id, reviewer, "approved")

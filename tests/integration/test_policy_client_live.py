@@ -72,7 +72,12 @@ EXECUTE_FACTS = {
     "evidence": [],
 }
 REVIEW_FACTS = {
-    "reviewer": {"agent": "maria", "role": "sales_manager", "tenant": "acme"},
+    "reviewer": {
+        "id": "maria",
+        "role": "sales_manager",
+        "tenant": "acme",
+        "authenticated_by": "test:fixture",
+    },
     "proposal": {
         "id": "pr-1",
         "tenant": "acme",
@@ -130,7 +135,7 @@ def write_bundle(root: Path) -> Path:
             \t"allow": false,
             \t"reasons": [{
             \t\t"code": "test_deny",
-            \t\t"message": sprintf("no %s for %s", [input.verdict, input.reviewer.agent]),
+            \t\t"message": sprintf("no %s for %s", [input.verdict, input.reviewer.id]),
             \t}],
             \t"catalogue_digest": data.capgate.catalogue.meta.digest,
             }

@@ -34,7 +34,7 @@ from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import InvalidInput, PolicyUnavailable, ToolFailed
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason
-from capgate.gateway.model.facts import Approval, Budget, ComposeInput, Principal
+from capgate.gateway.model.facts import Approval, Budget, ComposeInput, Reviewer
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
@@ -474,7 +474,7 @@ def test_agent_session_refuses_a_request_that_is_not_an_agent_request(catalogue,
 
 # -- the gateway's review and dispatch refuse malformed arguments -----------------------
 
-REVIEWER = Principal(agent="m", role="sales_manager", tenant="t")
+REVIEWER = Reviewer(id="m", role="sales_manager", tenant="t", authenticated_by="test:fixture")
 QUOTE = {"opportunity_id": "opp-1", "amount_cents": 100, "currency": "EUR"}
 
 

@@ -27,7 +27,7 @@ from capgate.gateway.errors import (
 )
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason
-from capgate.gateway.model.facts import ComposeInput, Principal
+from capgate.gateway.model.facts import ComposeInput, Reviewer
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import UnknownProposal
 from capgate.gateway.tools.registry import ToolRegistry, require_catalogue_names
@@ -125,7 +125,7 @@ def test_a_megabyte_tool_name_gives_a_short_message_from_the_agent_session(catal
 
 def test_a_megabyte_proposal_id_gives_a_short_message(catalogue, store):
     gateway = gateway_support.gateway(catalogue, ScriptedDecider(), store)
-    reviewer = Principal(agent="m", role="sales_manager", tenant="t")
+    reviewer = Reviewer(id="m", role="sales_manager", tenant="t", authenticated_by="test:fixture")
     with pytest.raises(UnknownProposal) as caught:
         gateway.review(HUGE_NAME, reviewer, "approved")
     assert "(1000000 characters)" in short(caught.value)

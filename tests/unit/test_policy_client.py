@@ -79,7 +79,12 @@ EXECUTE_FACTS: dict[str, Any] = {
     "evidence": ["current_quote_revision"],
 }
 REVIEW_FACTS: dict[str, Any] = {
-    "reviewer": {"agent": "maria", "role": "sales_manager", "tenant": SECRET},
+    "reviewer": {
+        "id": "maria",
+        "role": "sales_manager",
+        "tenant": SECRET,
+        "authenticated_by": "test:fixture",
+    },
     "proposal": {
         "id": "pr-17",
         "tenant": SECRET,

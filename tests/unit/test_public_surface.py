@@ -13,7 +13,7 @@ EXPECTED = {
     "Obligation", "ObligationUnsupported", "OperationConflict", "Outcome", "OutcomeStatus",
     "PolicyClient", "PolicyDecider", "PolicySidecar", "PolicyUnavailable", "Prepared",
     "Principal", "ProposalRecord", "ProposalStatus", "Reason", "ResourceRef", "ReviewDecision",
-    "ReviewRecord", "ReviewVerdict", "Secret", "Stage", "StaticCredentials", "Store",
+    "ReviewRecord", "ReviewVerdict", "Reviewer", "Secret", "Stage", "StaticCredentials", "Store",
     "StoreError", "SupportsLookup", "Task", "ToolContract", "ToolFailed", "ToolNotInCatalogue",
     "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable", "ToolUnknown",
     "InProcessTools", "tool_registry", "Worker", "WorkerEvent", "WorkerSettings",

@@ -26,15 +26,32 @@ package capgate.review
 #             undeclared: the reviewer's role {role} is not declared in the catalogue
 #             unlisted: role {role} is not among the reviewers of tool {tool}
 #             kind: role {role} does not approve {approval}, the approval tool {tool} needs
-#     - check: agent
-#       title: Another agent
-#       description: The reviewer and the proposer are named, and are different agents, whatever their tenants.
-#       facts: [reviewer, proposer, proposal]
+#     - check: authenticated
+#       title: Authenticated
+#       description: The reviewer is an identity a front authenticated, and says how.
+#       facts: [reviewer, authenticated_by]
+#       codes:
+#         reviewer_unauthenticated:
+#           title: Reviewer unauthenticated
+#           message: >-
+#             the reviewer {reviewer} comes with no record of how it was authenticated
+#             ({authenticated_by}), so its verdict is not taken
+#     - check: identity
+#       title: Another identity
+#       description: |
+#         The reviewer and the proposer are named, and no identity is both: neither the
+#         reviewer's id nor the person it acts for is the proposing agent or the person
+#         that agent acts for, compared without regard to case, whatever the tenants
+#         and display names.
+#       facts: [reviewer, reviewer_acts_for, proposer, proposer_acts_for, proposal]
 #       codes:
 #         self_review:
 #           title: Self-review
 #           messages:
-#             same: agent {reviewer} proposed {proposal} and may not review it
+#             same: >-
+#               reviewer {reviewer} may not review {proposal}: it is, or acts for the
+#               same person as, its proposer {proposer} (acting for: reviewer
+#               {reviewer_acts_for}, proposer {proposer_acts_for})
 #             unnamed: >-
 #               the reviewer {reviewer} or the proposer {proposer} is not named, so the
 #               review may be a self-review
@@ -80,19 +97,29 @@ _case["reviewer"] := "undeclared" if {
 	not _is_reviewer_listed
 }
 
-_failed contains "agent" if not _is_other_agent
+_failed contains "authenticated" if not _is_authenticated
 
-_facts["agent"] := {
-	"reviewer": object.get(_reviewer, "agent", null),
+_facts["authenticated"] := {
+	"reviewer": object.get(_reviewer, "id", null),
+	"authenticated_by": object.get(_reviewer, "authenticated_by", null),
+}
+
+_failed contains "identity" if not _is_other_identity
+
+_facts["identity"] := {
+	"reviewer": object.get(_reviewer, "id", null),
+	"reviewer_acts_for": object.get(_reviewer, "acts_for", null),
 	"proposer": object.get(_proposer, "agent", null),
+	"proposer_acts_for": object.get(_proposer, "acts_for", null),
 	"proposal": _proposal_id,
 }
 
-default _case["agent"] := "unnamed"
+default _case["identity"] := "unnamed"
 
-_case["agent"] := "same" if {
-	_is_named(_reviewer.agent)
-	_reviewer.agent == _proposer.agent
+_case["identity"] := "same" if {
+	_is_named(_reviewer.id)
+	_is_named(_proposer.agent)
+	count(_reviewer_identities & _proposer_identities) > 0
 }
 
 _failed contains "tenant" if not _is_same_tenant
@@ -139,19 +166,29 @@ _is_reviewer_permitted if {
 	_does_role_approve
 }
 
-# self_review: the reviewer and the proposer are named, and are different agents,
-# whatever their tenants.
-
-_is_named(agent) if {
-	is_string(agent)
-	agent != ""
+# A name is a non-empty string.
+_is_named(name) if {
+	is_string(name)
+	name != ""
 }
 
-_is_other_agent if {
-	_is_named(_reviewer.agent)
+# self_review: the identities each side stands for (its id and the person it acts
+# for, when named), lower-cased so that "Ada" and "ada" are one identity. Refusing
+# a review that only looks like a self-review is the safe side.
+_is_other_identity if {
+	_is_named(_reviewer.id)
 	_is_named(_proposer.agent)
-	_reviewer.agent != _proposer.agent
+	count(_reviewer_identities & _proposer_identities) == 0
 }
+
+_reviewer_identities := _identities([object.get(_reviewer, "id", null), object.get(_reviewer, "acts_for", null)])
+
+_proposer_identities := _identities([object.get(_proposer, "agent", null), object.get(_proposer, "acts_for", null)])
+
+_identities(names) := {lower(name) | some name in names; _is_named(name)}
+
+# reviewer_unauthenticated: a front records how it established the identity.
+_is_authenticated if _is_named(_reviewer.authenticated_by)
 
 # tenant_mismatch
 

@@ -30,13 +30,18 @@ test_allow_matrix if {
 
 # A payment proposed by a finance agent, reviewed by a controller.
 _payment := {
-	"reviewer": {"agent": "carl", "role": "controller"},
+	"reviewer": {"id": "carl", "role": "controller"},
 	"proposal": {"tool": "payment.execute", "proposer": {"agent": "finance-bot", "role": "finance"}},
 }
 
 _allow_cases := {
 	"approval": {},
 	"rejection, which needs the same permission": {"patch": {"verdict": "rejected"}},
+	"an agent reviewer acting for another person than the proposer's": {"patch": {
+		"reviewer": {"id": "maria-assistant", "kind": "agent", "acts_for": "maria"},
+		"proposal": {"proposer": {"acts_for": "bob"}},
+	}},
+	"an operator at the command line": {"patch": {"reviewer": {"kind": "operator", "authenticated_by": "os-user:maria"}}},
 	"a controller approves a payment": {"patch": _payment},
 	"a controller rejects a payment": {"patch": object.union(_payment, {"verdict": "rejected"})},
 	"one of several reviewer roles": {
@@ -48,7 +53,7 @@ _allow_cases := {
 		"path": "/roles/sales_manager/approves/content_only",
 		"value": true,
 	}]},
-	"the reviewer named like the proposer's role": {"patch": {"reviewer": {"agent": "sales"}}},
+	"the reviewer named like the proposer's role": {"patch": {"reviewer": {"id": "sales"}}},
 }
 
 # One fact changed per case; each case asserts the exact set of codes.
@@ -81,7 +86,7 @@ _deny_cases := {
 	},
 	"unknown tool with everything else wrong": {
 		"patch": {
-			"reviewer": {"agent": "sales-bot", "role": "admin", "tenant": "globex"},
+			"reviewer": {"id": "sales-bot", "role": "admin", "tenant": "globex"},
 			"proposal": {"tool": "ghost", "status": "approved"},
 			"verdict": "maybe",
 		},
@@ -171,23 +176,23 @@ _deny_cases := {
 	},
 	# self_review
 	"the proposer reviews its own proposal": {
-		"patch": {"reviewer": {"agent": "sales-bot"}},
+		"patch": {"reviewer": {"id": "sales-bot"}},
 		"codes": {"self_review"},
 	},
 	"the proposer reviews from another tenant": {
-		"patch": {"reviewer": {"agent": "sales-bot", "tenant": "globex"}},
+		"patch": {"reviewer": {"id": "sales-bot", "tenant": "globex"}},
 		"codes": {"self_review", "tenant_mismatch"},
 	},
-	"reviewer agent missing": {
-		"remove": ["reviewer/agent"],
+	"reviewer id missing": {
+		"remove": ["reviewer/id"],
 		"codes": {"self_review"},
 	},
-	"reviewer agent empty": {
-		"patch": {"reviewer": {"agent": ""}},
+	"reviewer id empty": {
+		"patch": {"reviewer": {"id": ""}},
 		"codes": {"self_review"},
 	},
-	"reviewer agent a number": {
-		"patch": {"reviewer": {"agent": 7}},
+	"reviewer id a number": {
+		"patch": {"reviewer": {"id": 7}},
 		"codes": {"self_review"},
 	},
 	"proposer agent missing": {
@@ -203,8 +208,44 @@ _deny_cases := {
 		"codes": {"self_review"},
 	},
 	"both agents empty": {
-		"patch": {"reviewer": {"agent": ""}, "proposal": {"proposer": {"agent": ""}}},
+		"patch": {"reviewer": {"id": ""}, "proposal": {"proposer": {"agent": ""}}},
 		"codes": {"self_review"},
+	},
+	"the proposer under its name in capitals": {
+		"patch": {"reviewer": {"id": "Sales-Bot", "display_name": "Sales Robot"}},
+		"codes": {"self_review"},
+	},
+	"the person the proposing agent acts for": {
+		"patch": {"reviewer": {"id": "ada"}, "proposal": {"proposer": {"acts_for": "ada"}}},
+		"codes": {"self_review"},
+	},
+	"the person the proposing agent acts for, in other case": {
+		"patch": {"reviewer": {"id": "ADA"}, "proposal": {"proposer": {"acts_for": "ada"}}},
+		"codes": {"self_review"},
+	},
+	"an agent acting for the same person as the proposer": {
+		"patch": {
+			"reviewer": {"id": "ada-helper", "kind": "agent", "acts_for": "ada"},
+			"proposal": {"proposer": {"acts_for": "ada"}},
+		},
+		"codes": {"self_review"},
+	},
+	"an agent acting for the proposing agent itself": {
+		"patch": {"reviewer": {"id": "helper", "kind": "agent", "acts_for": "sales-bot"}},
+		"codes": {"self_review"},
+	},
+	# reviewer_unauthenticated
+	"no record of authentication": {
+		"remove": ["reviewer/authenticated_by"],
+		"codes": {"reviewer_unauthenticated"},
+	},
+	"authentication empty": {
+		"patch": {"reviewer": {"authenticated_by": ""}},
+		"codes": {"reviewer_unauthenticated"},
+	},
+	"authentication not a string": {
+		"patch": {"reviewer": {"authenticated_by": true}},
+		"codes": {"reviewer_unauthenticated"},
 	},
 	# tenant_mismatch
 	"a reviewer of another tenant": {
@@ -288,15 +329,15 @@ _deny_cases := {
 	# Several at once.
 	"reviewer not an object": {
 		"patch": {"reviewer": "maria"},
-		"codes": {"reviewer_not_permitted", "self_review", "tenant_mismatch"},
+		"codes": {"reviewer_not_permitted", "reviewer_unauthenticated", "self_review", "tenant_mismatch"},
 	},
 	"reviewer missing": {
 		"remove": ["reviewer"],
-		"codes": {"reviewer_not_permitted", "self_review", "tenant_mismatch"},
+		"codes": {"reviewer_not_permitted", "reviewer_unauthenticated", "self_review", "tenant_mismatch"},
 	},
 	"everything wrong at once": {
 		"patch": {
-			"reviewer": {"agent": "sales-bot", "role": "sales", "tenant": "globex"},
+			"reviewer": {"id": "sales-bot", "role": "sales", "tenant": "globex"},
 			"proposal": {"status": "dispatched"},
 			"verdict": "ok",
 		},
@@ -315,6 +356,7 @@ test_deny_matrix_covers_every_code if {
 	covered == {
 		"unknown_tool",
 		"reviewer_not_permitted",
+		"reviewer_unauthenticated",
 		"self_review",
 		"tenant_mismatch",
 		"proposal_not_pending",
@@ -384,9 +426,12 @@ _messages := {
 		]),
 	},
 	"self review": {
-		"patch": {"reviewer": {"agent": "sales-bot"}},
+		"patch": {"reviewer": {"id": "sales-bot"}},
 		"code": "self_review",
-		"message": `agent "sales-bot" proposed "pr-17" and may not review it`,
+		"message": concat("", [
+			`reviewer "sales-bot" may not review "pr-17": it is, or acts for the same person as, `,
+			`its proposer "sales-bot" (acting for: reviewer null, proposer null)`,
+		]),
 	},
 	"proposer unnamed": {
 		"remove": ["proposal/proposer"],
