@@ -22,6 +22,7 @@ errors come back::
     ├── CredentialUnavailable    credential_unavailable  a connection's secret could not be resolved
     ├── UpstreamUnavailable      upstream_unavailable    an MCP server could not be reached
     ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
+    ├── AuthenticationFailed     authentication_failed   no known identity: nothing done
     ├── StoreError               store_error             the backend failed, or refused a request
     │   ├── StoreBusy            store_busy              no lock or connection in time: retry later
     │   ├── StoreVersionError    store_version_unsupported the store was written by a newer capgate
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from capgate.gateway.model.outcomes import Outcome
 
 __all__ = [
+    "AuthenticationFailed",
     "CapabilityViolation",
     "CapgateError",
     "CatalogueError",
@@ -534,6 +536,14 @@ class ConfigError(CapgateError):
     """The server's configuration file is missing, unsafe or invalid; nothing was served."""
 
     code = "serve_config_invalid"
+
+
+class AuthenticationFailed(CapgateError):
+    """A credential (a bearer token, an OIDC ID token, the command line's OS user)
+    names no identity the gateway knows, or does not verify: nothing is done on its
+    behalf. The message says which check failed, never the credential."""
+
+    code: ClassVar[str] = "authentication_failed"
 
 
 # -- the command line ------------------------------------------------------------------------

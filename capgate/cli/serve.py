@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     log_to_stderr(args.log_level)
     config = load_config(args.config)
     _check_bindings(config, args)
+    # The people's key set read now, so an unreadable or unsafe one stops the start.
+    config.people_directory()
     address = parse_listen_address(args.http) if args.http is not None else None
     parts = parts_of(config, "serve")
     catalogue = load_catalogue(args.catalogue)
@@ -124,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
             for binding in bindings_of(config):
                 if tx.get_tenant(binding.principal.tenant) is None:
                     raise UnknownTenant(binding.principal.tenant)
+            for tenant in sorted(
+                {p.tenant for p in config.people} | {o.tenant for o in config.operators}
+            ):
+                if tx.get_tenant(tenant) is None:
+                    raise UnknownTenant(tenant)
         # Bound before OPA starts: a port in use is an error at once.
         sock = stack.enter_context(loopback_socket(*address)) if address else None
         gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)

@@ -20,6 +20,7 @@ the gate's servers instead of the in-process one, the catalogue leaving it unpla
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
@@ -28,8 +29,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
+from capgate.adapters.fronts.people import People, PeopleConfig, PersonEntry
 from capgate.adapters.fronts.session import AgentSession
 from capgate.adapters.tools.gate import tool_registry
 from capgate.adapters.tools.in_process import InProcessTools
@@ -43,7 +45,7 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.errors import CapabilityViolation
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import ConnectionStatus, Principal
+from capgate.gateway.model.facts import ConnectionStatus, Reviewer
 from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import StaticCredentials
@@ -363,8 +365,28 @@ _EMAIL: dict[str, Any] = {
     "subject": "Your quote",
     "body": "Dear Ada, please find our quote attached.",
 }
-_MANAGER = Principal(agent="maria", role="sales_manager", tenant="acme")
-_CONTROLLER = Principal(agent="carl", role="controller", tenant="acme")
+#: The demo's reviewers, declared as a service's configuration declares people: each
+#: signs in with a bearer token, of which the gateway holds only the digest.
+_TOKENS: Final = {"maria": "demo-token-maria-4c1e", "carl": "demo-token-carl-90ab"}
+_PEOPLE: Final = People(
+    PeopleConfig(
+        people=[
+            PersonEntry(
+                id=person,
+                name=name,
+                role=role,
+                tenant="acme",
+                token_sha256=hashlib.sha256(_TOKENS[person].encode()).hexdigest(),
+            )
+            for person, name, role in (
+                ("maria", "Maria Rossi", "sales_manager"),
+                ("carl", "Carl Berg", "controller"),
+            )
+        ]
+    )
+)
+_MANAGER = _PEOPLE.by_token(_TOKENS["maria"])
+_CONTROLLER = _PEOPLE.by_token(_TOKENS["carl"])
 
 
 def _sales(trace: _Trace) -> None:
@@ -419,6 +441,10 @@ def _quote_email(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         "quote.propose", opportunity_id="opp-17", amount_cents=120_000, currency="EUR"
     )
     trace.expect(quote["status"] == "pending_review", "quote.propose is a proposal, nothing sent")
+    trace.say(
+        f"    maria signs in with her token: reviewer {_MANAGER.id} "
+        f"({_MANAGER.authenticated_by}, role {_MANAGER.role})"
+    )
     gateway.review(quote["proposal_id"], _MANAGER, "approved")
     recorded = gateway.dispatch(quote["proposal_id"])
     trace.expect(
@@ -430,7 +456,13 @@ def _quote_email(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
     email = sales.call_tool("quote.prepare_send", **_EMAIL)
     proposal = email["proposal_id"]
     trace.say(f"    proposal {proposal}: to {_EMAIL['recipient']!r}, subject {_EMAIL['subject']!r}")
-    denial = _denied(lambda: gateway.review(proposal, sales.request.principal, "approved"))
+    denial = _denied(
+        lambda: gateway.review(
+            proposal,
+            Reviewer.of_agent(sales.request.principal, authenticated_by="demo:session"),
+            "approved",
+        )
+    )
     trace.expect(
         denial is not None and "self_review" in denial.reason_codes,
         "the agent cannot approve its own proposal: self_review",

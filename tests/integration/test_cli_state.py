@@ -9,10 +9,13 @@ reviews, the tenants, their budgets and connections are exactly as before.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from capgate.adapters.fronts.people import current_os_user
 from capgate.cli.commands.common import STORE_ENV, redact_url
 from capgate.cli.main import EXIT_DENIED, EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
@@ -60,9 +64,29 @@ EMAIL: dict[str, Any] = {
     "body": "Dear Ada,\nplease find our quote attached.",
 }
 SECRETS = {("acme", "sales_mailbox"): "cli-test-secret-5e1d", ("acme", "crm"): "cli-test-crm-77"}
-MANAGER = ["--reviewer", "maria", "--role", "sales_manager", "--tenant", "acme"]
-MARK = ["--reviewer", "mark", "--role", "sales_manager", "--tenant", "acme"]
-SELF = ["--reviewer", "sales-bot", "--role", "sales_manager", "--tenant", "acme"]
+_CONFIGS = Path(tempfile.mkdtemp(prefix="capgate-cli-operators-"))
+atexit.register(shutil.rmtree, _CONFIGS, True)
+
+
+def as_operator(
+    operator_id: str, role: str, tenant: str, *, os_user: str | None = None
+) -> list[str]:
+    """``--config`` of a service configuration binding the OS user running the tests
+    (or ``os_user``) to this operator: the command line reviews as whom the file says,
+    never as a name on the command line."""
+    path = _CONFIGS / f"{operator_id}-{role}-{tenant}-{os_user or 'me'}.yaml".replace("/", "_")
+    user = os_user if os_user is not None else current_os_user()
+    operator = {"os_user": user, "id": operator_id, "role": role, "tenant": tenant}
+    path.write_text(
+        json.dumps({"tools": "capgate.demo.tools.sales_desk:SalesDesk", "operators": [operator]})
+    )
+    path.chmod(0o600)
+    return ["--config", str(path)]
+
+
+MANAGER = as_operator("maria", "sales_manager", "acme")
+MARK = as_operator("mark", "sales_manager", "acme")
+SELF = as_operator("sales-bot", "sales_manager", "acme")
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -664,7 +688,10 @@ def test_an_approval_from_the_cli_is_dispatched_once_by_the_service(world, capsy
     assert code == EXIT_OK, err
     lines = out.splitlines()
     assert lines[0].startswith(f"approved {proposal.id} (quote.prepare_send): review rev-")
-    assert lines[1] == "  reviewer:  maria (role sales_manager, tenant acme)"
+    assert lines[1] == (
+        f"  reviewer:  maria (operator, os-user:{current_os_user()}; role sales_manager, "
+        "tenant acme)"
+    )
     assert lines[3] == (
         f"  binds:     digest {proposal.params_digest}, operation {proposal.operation_id}, "
         "tenant acme"
@@ -673,11 +700,21 @@ def test_an_approval_from_the_cli_is_dispatched_once_by_the_service(world, capsy
     assert world.proposal(proposal.id).status is ProposalStatus.APPROVED
     with world.store.transaction(read_only=True) as tx:
         (review,) = tx.reviews(proposal.id)
-    assert (review.reviewer.agent, review.reviewer.role, review.consumed_at) == (
+    assert (review.reviewer.id, review.reviewer.role, review.consumed_at) == (
         "maria",
         "sales_manager",
         None,
     )
+    # Recorded as the operator the configuration binds to this OS user, and how.
+    assert (review.reviewer.kind, review.reviewer.authenticated_by) == (
+        "operator",
+        f"os-user:{current_os_user()}",
+    )
+    (row,) = [r for r in world.store.ledger() if r.kind == "review"]
+    assert (row.principal, row.outcome) == ("maria/sales_manager", "approved")
+    assert row.detail["reviewer"] == "maria"
+    assert row.detail["reviewer_kind"] == "operator"
+    assert row.detail["authenticated_by"] == f"os-user:{current_os_user()}"
     assert 3590 < (review.expires_at - review.created_at).total_seconds() <= 3600
     _, out, _ = cli(capsys, "proposals", "show", proposal.id, *world.store_option)
     assert f"    {review.id}: approved by maria" in out
@@ -748,17 +785,13 @@ def _assert_only_a_refusal_was_added(world: World, before: dict[str, Any], code:
 @pytest.mark.parametrize(
     ("reviewer", "code"),
     [
-        ([*SELF], "self_review"),
-        (["--reviewer", "sam", "--role", "sales", "--tenant", "acme"], "reviewer_not_permitted"),
-        (
-            ["--reviewer", "carl", "--role", "controller", "--tenant", "acme"],
-            "reviewer_not_permitted",
-        ),
-        (
-            ["--reviewer", "gina", "--role", "sales_manager", "--tenant", "globex"],
-            "tenant_mismatch",
-        ),
-        (["--reviewer", "olga", "--role", "owner", "--tenant", "acme"], "reviewer_not_permitted"),
+        (("sales-bot", "sales_manager", "acme"), "self_review"),
+        # the proposer's name in other letters is the same identity
+        (("Sales-Bot", "sales_manager", "acme"), "self_review"),
+        (("sam", "sales", "acme"), "reviewer_not_permitted"),
+        (("carl", "controller", "acme"), "reviewer_not_permitted"),
+        (("gina", "sales_manager", "globex"), "tenant_mismatch"),
+        (("olga", "owner", "acme"), "reviewer_not_permitted"),
     ],
 )
 @pytest.mark.parametrize("verdict", ["approve", "reject"])
@@ -767,9 +800,15 @@ def test_the_review_policy_refuses_with_exit_3_and_writes_only_the_refusal(
 ):
     proposal = world.propose()
     before = world.snapshot()
-    status, out, err = cli(capsys, "proposals", verdict, proposal.id, *reviewer, *world.review)
+    operator, role, tenant = reviewer
+    status, out, err = cli(
+        capsys, "proposals", verdict, proposal.id, *as_operator(*reviewer), *world.review
+    )
     assert status == EXIT_DENIED, err
-    assert out.splitlines()[0].startswith(f"refused: {reviewer[1]} (role {reviewer[3]}, tenant ")
+    assert out.splitlines()[0].startswith(
+        f"refused: {operator} (operator, os-user:{current_os_user()}; role {role}, "
+        f"tenant {tenant}) may not "
+    )
     assert out.splitlines()[1].startswith("decision_id: ")
     assert f"  - {code}: " in out
     _assert_only_a_refusal_was_added(world, before, code)
@@ -821,27 +860,37 @@ def test_an_approval_expires_and_is_not_given_twice(world, capsys):
         (["prop-nope", *MANAGER], "unknown_proposal", "unknown proposal 'prop-nope'"),
         (["prop nope", *MANAGER], "input_invalid", "PROPOSAL: 'prop nope'"),
         (
-            ["{id}", "--reviewer", "maria", "--role", "sales_manager", "--tenant", "nobody"],
+            ["{id}", *as_operator("maria", "sales_manager", "nobody")],
             "unknown_tenant",
             "unknown tenant 'nobody'",
         ),
         (
-            ["{id}", "--reviewer", "maria!", "--role", "sales_manager", "--tenant", "acme"],
-            "input_invalid",
-            "--reviewer: 'maria!'",
+            ["{id}", *as_operator("maria!", "sales_manager", "acme")],
+            "serve_config_invalid",
+            "operators.0.id",
         ),
         (
-            ["{id}", "--reviewer", "maria", "--role", "", "--tenant", "acme"],
-            "input_invalid",
-            "--role: ''",
+            ["{id}", *as_operator("maria", "", "acme")],
+            "serve_config_invalid",
+            "operators.0.role",
         ),
+        # no operator for the OS user running the command: nobody to review as
+        (
+            ["{id}", *as_operator("maria", "sales_manager", "acme", os_user="someone-else")],
+            "authentication_failed",
+            "no operator is configured for OS user",
+        ),
+        (["{id}"], "serve_config_invalid", "--config: name the service's configuration"),
         (["{id}", *MANAGER, "--ttl", "0s"], "input_invalid", "--ttl: '0s' is not between"),
         (["{id}", *MANAGER, "--ttl", "31d"], "input_invalid", "--ttl: '31d' is not between"),
         (["{id}", *MANAGER, "--ttl", "forever"], "input_invalid", "--ttl: 'forever'"),
         (["{id}", *MANAGER, "--ttl", ""], "input_invalid", "--ttl: ''"),
     ],
 )
-def test_review_input_errors_exit_2_and_write_nothing(world, argv, code, names, capsys):
+def test_review_input_errors_exit_2_and_write_nothing(
+    world, argv, code, names, capsys, monkeypatch
+):
+    monkeypatch.delenv("CAPGATE_CONFIG", raising=False)
     proposal = world.propose()
     before = world.snapshot()
     argv = [a.format(id=proposal.id) for a in argv]

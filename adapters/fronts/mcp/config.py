@@ -58,6 +58,13 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capgate.adapters.fronts.people import (
+    OidcSettings,
+    OperatorEntry,
+    People,
+    PeopleConfig,
+    PersonEntry,
+)
 from capgate.adapters.tools.mcp.config import ServerSpec, parse_servers
 from capgate.gateway.errors import CapgateError, ConfigError, InvalidInput, quote
 from capgate.gateway.model.facts import Identifier
@@ -104,11 +111,25 @@ class Binding(AgentRequest):
     so that the file cannot say more about a caller than a library caller can.
     """
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_said_by_the_file(cls, data: Any) -> Any:
+        # How a caller was authenticated is the front's to say, never the file's.
+        if isinstance(data, dict) and "authenticated_by" in data:
+            raise ValueError("authenticated_by is not a binding's field: the server records it")
+        return data
+
     @property
     def request(self) -> AgentRequest:
         """The request every call of this caller is made with (this binding's own
-        fields, without the binding's extras such as an HTTP token's name)."""
-        return AgentRequest(principal=self.principal, task=self.task, environment=self.environment)
+        fields, without the binding's extras such as an HTTP token's name), saying
+        how the caller was authenticated: over stdio, by starting the server."""
+        return AgentRequest(
+            principal=self.principal,
+            task=self.task,
+            environment=self.environment,
+            authenticated_by="stdio",
+        )
 
 
 class HttpBinding(Binding):
@@ -116,6 +137,16 @@ class HttpBinding(Binding):
 
     name: Identifier
     token_sha256: str = Field(pattern=_HEX64)
+
+    @property
+    def request(self) -> AgentRequest:
+        """As :attr:`Binding.request`, authenticated by this binding's bearer token."""
+        return AgentRequest(
+            principal=self.principal,
+            task=self.task,
+            environment=self.environment,
+            authenticated_by=f"token:{self.name}",
+        )
 
 
 class ServeConfig(_Strict):
@@ -143,6 +174,11 @@ class ServeConfig(_Strict):
     max_concurrent_decisions: int = Field(default=16, ge=1, le=1024)
     stdio: Binding | None = None
     http: list[HttpBinding] = Field(default_factory=list)
+    #: The people who review, how ID tokens are verified, and who the command line
+    #: acts as (:mod:`capgate.adapters.fronts.people`).
+    people: list[PersonEntry] = Field(default_factory=list)
+    oidc: OidcSettings | None = None
+    operators: list[OperatorEntry] = Field(default_factory=list)
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -189,6 +225,14 @@ class ServeConfig(_Strict):
                     what = "token digest" if field == "token_sha256" else "name"
                     raise ValueError(f"http[{position}]: the same {what} is given twice")
                 seen.add(value)
+        PeopleConfig(people=self.people, oidc=self.oidc, operators=self.operators)
+        agents = {binding.token_sha256 for binding in self.http}
+        for position, person in enumerate(self.people):
+            if person.token_sha256 in agents:
+                raise ValueError(
+                    f"people[{position}].token_sha256: an agent binding (http) holds the "
+                    "same token: one token, one identity"
+                )
         return self
 
     # -- use ---------------------------------------------------------------------------
@@ -210,6 +254,13 @@ class ServeConfig(_Strict):
             if hmac.compare_digest(digest, binding.token_sha256.encode("ascii")):
                 found = binding
         return found
+
+    def people_directory(self) -> People:
+        """The people of this file, who reviewers and operators are authenticated as."""
+        return People(
+            PeopleConfig(people=self.people, oidc=self.oidc, operators=self.operators),
+            agent_token_digests=frozenset(b.token_sha256 for b in self.http),
+        )
 
     def upstream_servers(self) -> list[ServerSpec]:
         """The upstream MCP servers ``upstreams`` names (none when it is not given)."""
@@ -271,11 +322,15 @@ def parse_config(text: str, where: str = "the configuration") -> ServeConfig:
         raise ConfigError(str(InvalidInput.from_validation(exc, where))) from None
 
 
-def load_config(path: Path) -> ServeConfig:
+def load_config(path: Path, *, runs_code: bool = True) -> ServeConfig:
     """Read and validate the file at ``path``.
 
     Refused when it is not a regular file or when its group or others may write
-    it: its entry points run as this process.
+    it: its entry points run as this process, and it says who people are. A
+    process that runs its entry points also refuses a file another user owns; one
+    that only reads who people are (``runs_code=False``: the command line looking
+    up its operator) accepts the file of root as well, the usual owner of a shared
+    configuration.
     """
     try:
         info = path.stat()
@@ -290,7 +345,7 @@ def load_config(path: Path) -> ServeConfig:
             f"{path}: others may write it, and its entry points run as this process: "
             f"chmod go-w {path}"
         )
-    if info.st_uid != os.getuid():
+    if info.st_uid != os.getuid() and (runs_code or info.st_uid != 0):
         raise ConfigError(f"{path}: owned by another user; it names code this process runs")
     return parse_config(text, str(path))
 

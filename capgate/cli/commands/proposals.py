@@ -7,11 +7,12 @@ status and its reasons, every review, and the operation's outcome once dispatche
 
 ``approve`` and ``reject`` go through :meth:`gateway.Gateway.review`: OPA's review
 policy (``capgate.review``) decides whether this reviewer may give this verdict, and
-a refusal exits 3 with its reason codes, as ``capgate eval`` does for a deny. The
-command line does not authenticate anyone: it records the reviewer the person at
-the keyboard names, so whoever may run it against the store may approve as anyone
-(as whoever can write the store could). A service that reviewers log in to should
-call ``Gateway.review`` with the identity it authenticated.
+a refusal exits 3 with its reason codes, as ``capgate eval`` does for a deny. Who
+reviews is never an argument: the command acts as the operator the service's
+configuration (``--config``, or ``$CAPGATE_CONFIG``) binds to the OS user running
+it, and the ledger records the review as that operator's, ``os-user:<name>``
+(:mod:`capgate.adapters.fronts.people`). Reviewers who log in elsewhere are
+authenticated by the front they use.
 
 There is no ``dispatch`` command: dispatching runs the tool, so it belongs to the
 process that holds the tool adapters and the credentials, an execution worker
@@ -23,10 +24,12 @@ that moment (:meth:`gateway.Gateway.dispatch`).
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from capgate.adapters.fronts.mcp.config import load_config
 from capgate.cli.commands.common import (
     EXIT_DENIED,
     EXIT_ERROR,
@@ -48,8 +51,8 @@ from capgate.cli.commands.common import (
 )
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.errors import CapabilityViolation, CapgateError, UnknownProposal
-from capgate.gateway.model.facts import Principal
+from capgate.gateway.errors import CapabilityViolation, CapgateError, ConfigError, UnknownProposal
+from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state.records import (
@@ -76,7 +79,11 @@ _NEXT: Final = (
 
 _REVIEW_EXITS: Final = (
     (EXIT_OK, "the verdict was recorded"),
-    (EXIT_ERROR, "error: bad input, unknown proposal or tenant, catalogue, store or OPA"),
+    (
+        EXIT_ERROR,
+        "error: bad input, no operator for your OS user, unknown proposal or tenant, "
+        "catalogue, store or OPA",
+    ),
     (EXIT_DENIED, "the review policy refused this reviewer's verdict (reason codes printed)"),
 )
 
@@ -150,8 +157,18 @@ def _list(args: argparse.Namespace) -> int:
 # -- show ------------------------------------------------------------------------------------
 
 
+def _named(reviewer: Reviewer) -> str:
+    """A reviewer as people read it: the id, how it was authenticated, role and tenant
+    (the display name, the reviewer's own words, made terminal-safe)."""
+    name = f" {safe(reviewer.display_name)}" if reviewer.display_name else ""
+    return (
+        f"{reviewer.id}{name} ({reviewer.kind}, {safe(reviewer.authenticated_by)}; "
+        f"role {reviewer.role}, tenant {reviewer.tenant})"
+    )
+
+
 def _review_line(review: ReviewRecord, now: datetime) -> str:
-    who = f"{review.reviewer.agent} (role {review.reviewer.role}, tenant {review.reviewer.tenant})"
+    who = _named(review.reviewer)
     line = f"{review.id}: {review.verdict.value} by {who} at {when(review.created_at)}"
     if review.verdict is ReviewVerdict.APPROVED:
         state = (
@@ -237,13 +254,21 @@ def _show(args: argparse.Namespace) -> int:
 # -- approve, reject ---------------------------------------------------------------------------
 
 
+def _operator(args: argparse.Namespace) -> Reviewer:
+    """The operator this command acts as: the configuration's entry for the OS user."""
+    where = args.config or os.environ.get("CAPGATE_CONFIG")
+    if not where:
+        raise ConfigError(
+            "--config: name the service's configuration (or set $CAPGATE_CONFIG): its "
+            "`operators:` say who this command reviews as"
+        )
+    config = load_config(Path(where), runs_code=False)
+    return config.people_directory().operator()
+
+
 def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
     proposal_id = identifier(args.proposal, "PROPOSAL")
-    reviewer = Principal(
-        agent=identifier(args.reviewer, "--reviewer"),
-        role=identifier(args.role, "--role"),
-        tenant=identifier(args.tenant, "--tenant"),
-    )
+    reviewer = _operator(args)
     lifetime = ttl(args.ttl) if getattr(args, "ttl", None) is not None else None
     catalogue = load_catalogue(args.catalogue)
     with opened_store(args) as store:
@@ -265,7 +290,7 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
         print_json({"allow": True, "review": review.model_dump(mode="json"), "catalogue": digest})
         return EXIT_OK
     print(f"{verdict.value} {proposal_id} ({proposal.tool}): review {review.id}")
-    print(f"  reviewer:  {reviewer.agent} (role {reviewer.role}, tenant {reviewer.tenant})")
+    print(f"  reviewer:  {_named(reviewer)}")
     print(f"  decision:  {review.decision_id or '-'} (catalogue {digest})")
     if verdict is ReviewVerdict.APPROVED:
         print(
@@ -280,7 +305,7 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
 def _refused(
     args: argparse.Namespace,
     proposal: ProposalRecord,
-    reviewer: Principal,
+    reviewer: Reviewer,
     verdict: ReviewVerdict,
     refusal: CapabilityViolation,
 ) -> int:
@@ -298,8 +323,8 @@ def _refused(
         return EXIT_DENIED
     word = "approve" if verdict is ReviewVerdict.APPROVED else "reject"
     print(
-        f"refused: {reviewer.agent} (role {reviewer.role}, tenant {reviewer.tenant}) may not "
-        f"{word} {proposal.id} ({proposal.tool}); nothing was recorded but the refusal"
+        f"refused: {_named(reviewer)} may not {word} {proposal.id} ({proposal.tool}); "
+        "nothing was recorded but the refusal"
     )
     print(f"decision_id: {refusal.decision_id or '-'}")
     for reason in reasons:
@@ -359,14 +384,16 @@ def register(sub: Actions) -> None:
             run,
             exits=_REVIEW_EXITS,
             description=f"{what}. OPA's review policy decides; a refusal exits 3 with its "
-            "reason codes. The reviewer is who you say: this command does not authenticate.",
+            "reason codes. You review as the operator the configuration binds to your OS "
+            "user (its `operators:`), never as a name you give.",
         )
         action.add_argument("proposal", metavar="PROPOSAL", help="the proposal id")
         action.add_argument(
-            "--reviewer", required=True, metavar="AGENT", help="who reviews (never the proposer)"
+            "--config",
+            metavar="FILE",
+            help="the service's configuration, whose `operators:` say who you review as "
+            "(default: $CAPGATE_CONFIG)",
         )
-        action.add_argument("--role", required=True, help="the role the reviewer reviews in")
-        action.add_argument("--tenant", required=True, help="the reviewer's tenant")
         if name == "approve":
             action.add_argument(
                 "--ttl",
