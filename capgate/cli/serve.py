@@ -35,6 +35,7 @@ from capgate.cli.service import (
     parts_of,
     run_until_stopped,
     start_gateway,
+    start_notifier,
     start_worker,
 )
 from capgate.gateway.catalogue import load_catalogue
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
         if args.worker:
             start_worker(stack, gateway, config)
+        start_notifier(stack, store, config)
         if sock is None:
             return _serve_stdio(gateway, config)
         return _serve_http(gateway, config, sock)

@@ -33,6 +33,7 @@ from capgate.cli.service import (
     parts_of,
     run_until_stopped,
     start_gateway,
+    start_notifier,
     start_worker,
 )
 from capgate.gateway.catalogue import load_catalogue
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     def work(store: Store, stack: contextlib.ExitStack) -> int:
         gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
         worker = start_worker(stack, gateway, config)
+        start_notifier(stack, store, config)
         print(f"capgate worker: {worker.name} on {store.location}", file=sys.stderr, flush=True)
         forever = threading.Event()
         while not forever.wait(3600):  # until SIGTERM or Ctrl-C raises here
