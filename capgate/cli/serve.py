@@ -16,7 +16,9 @@ first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it se
 then, whether or not any agent calls again. Unless ``--no-worker`` is given, an
 execution worker (:class:`capgate.gateway.service.worker.Worker`) dispatches the
 approved proposals while it serves; ``capgate worker`` (:mod:`capgate.cli.worker`)
-runs one alone. What the two commands build alike is :mod:`capgate.cli.service`'s.
+runs one alone. With a ``notices`` section, a notifier sends each proposal's steps
+to its tenant's webhook, signed (:mod:`capgate.gateway.service.notices`). What the two
+commands build alike is :mod:`capgate.cli.service`'s.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ moment (:class:`capgate.gateway.service.worker.Worker`), and reconciles as ``ser
 does, until SIGTERM or Ctrl-C. It reads the same configuration file as ``serve``
 and builds the same gateway from it (:mod:`capgate.cli.service`): the ``tools``
 adapters and ``upstreams`` that run the execution actions, the ``credentials`` that
-resolve their secrets, ``lease_seconds``, ``reconcile_seconds`` and the ``worker``
-section; the file's bindings (who agents are) are not used. Any number of workers,
+resolve their secrets, ``lease_seconds``, ``reconcile_seconds``, the ``worker``
+section and the ``notices`` section (a notifier of signed webhooks, as ``serve``
+runs one); the file's bindings (who agents are) are not used. Any number of workers,
 in any number of processes and hosts, may share one store: each proposal is claimed
 by one of them at a time, and sent at most once whatever happens to them.
 
@@ -53,8 +54,9 @@ since blocks the proposal), retryable outcomes are tried again with backoff,
 and each proposal is sent at most once however many workers share the store.
 `capgate serve` runs a worker itself; run this for a deployment that keeps
 them apart. --config is serve's file: its tools, upstreams, credentials,
-lease_seconds, reconcile_seconds and worker settings (its bindings are not
-used). Logs go to stderr. docs/lifecycle.md describes the worker."""
+lease_seconds, reconcile_seconds, worker and notices settings (its bindings
+are not used). Logs go to stderr. docs/lifecycle.md describes the worker,
+docs/notices.md the notices."""
 
 
 def register(sub: Actions) -> None:
