@@ -194,7 +194,12 @@ def _upstreams(config: ServeConfig, command: str) -> list[ServerSpec]:
 
 
 def parts_of(config: ServeConfig, command: str) -> Parts:
-    """The adapters (imported and made now), the upstream servers and the resolver."""
+    """The adapters (imported and made now), the upstream servers and the resolver;
+    the notices' secrets are looked for now too, so a missing one stops the command
+    before OPA or the store is touched."""
+    if config.notices is not None:
+        for tenant, hook in config.notices.tenants.items():
+            hook.secret(tenant)
     registry = ToolRegistry(*config.adapters())
     upstreams = _upstreams(config, command)
     return Parts(config, registry, upstreams, config.credential_resolver())

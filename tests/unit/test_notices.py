@@ -362,3 +362,22 @@ def test_a_network_error_is_retried_and_named_by_its_class(monkeypatch: pytest.M
         "acme", notifier.settings.tenants["acme"], "evt_1", "proposal.created", BODY
     )
     assert (sent.verdict, sent.result, sent.status_code) == ("retry", "ConnectError", None)
+
+
+def test_a_command_with_a_missing_secret_stops_before_anything_starts(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from capgate.cli.main import main
+    from capgate.demo import demo_catalogue_dir
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(_config(GOOD))
+    config.chmod(0o600)
+    monkeypatch.delenv("CAPGATE_NOTICE_SECRET_ACME", raising=False)
+    store = tmp_path / "nothing-here.db"
+    args = ["--catalogue", str(demo_catalogue_dir("sales")), "--config", str(config)]
+    assert main(["worker", *args, "--store", str(store)]) == 2
+    error = capsys.readouterr().err
+    assert "[serve_config_invalid]" in error
+    assert "$CAPGATE_NOTICE_SECRET_ACME is not set" in error
+    assert not store.exists()  # the store was never opened, nor OPA started
