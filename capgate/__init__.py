@@ -5,7 +5,8 @@ that grant from its own store, asks OPA (compose: which tools may this agent see
 execute: may this exact call run now; review: may this person approve this
 proposal), runs a tool only on an allow, records everything in a hash-chained
 ledger, and fails closed on every error. :class:`AsyncGateway` is the same for
-asyncio code; a :class:`Worker` dispatches the proposals reviewers approve.
+asyncio code; a :class:`Worker` dispatches the proposals reviewers approve, and a
+:class:`Notifier` sends each step to the tenant's webhook, signed (:func:`verify_notice`).
 :class:`Dispatcher` is the stateless enforcement core underneath it.
 
 One import name, this one: ``from capgate import Gateway, PolicySidecar, ...``.
@@ -27,6 +28,7 @@ from capgate.gateway.errors import (
     CatalogueError,
     CredentialUnavailable,
     InvalidInput,
+    NoticeRejected,
     ObligationUnsupported,
     OPAProcessError,
     OperationConflict,
@@ -71,6 +73,7 @@ from capgate.gateway.service.credentials import (
     StaticCredentials,
 )
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.notices import NoticeSettings, Notifier, verify_notice
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.service.worker import Worker, WorkerEvent, WorkerSettings
 from capgate.gateway.state import Store, StoreError, open_store
@@ -111,6 +114,9 @@ __all__ = [
     "Gateway",
     "InProcessTools",
     "InvalidInput",
+    "NoticeRejected",
+    "NoticeSettings",
+    "Notifier",
     "OPAProcessError",
     "Obligation",
     "ObligationUnsupported",
@@ -155,4 +161,5 @@ __all__ = [
     "open_store",
     "params_digest",
     "tool_registry",
+    "verify_notice",
 ]

@@ -23,6 +23,10 @@ errors come back::
     ├── UpstreamUnavailable      upstream_unavailable    an MCP server could not be reached
     ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
     ├── AuthenticationFailed     authentication_failed   no known identity: nothing done
+    ├── NoticeRejected           notice_rejected         a webhook notice a receiver must not act on
+    │   ├── NoticeSignatureInvalid notice_signature_invalid its signature missing, malformed, wrong
+    │   ├── NoticeOutsideWindow  notice_outside_window   signed too long ago (or too far ahead)
+    │   └── NoticeReplayed       notice_replayed         an event id the receiver has seen already
     ├── StoreError               store_error             the backend failed, or refused a request
     │   ├── StoreBusy            store_busy              no lock or connection in time: retry later
     │   ├── StoreVersionError    store_version_unsupported the store was written by a newer capgate
@@ -544,6 +548,41 @@ class AuthenticationFailed(CapgateError):
     behalf. The message says which check failed, never the credential."""
 
     code: ClassVar[str] = "authentication_failed"
+
+
+# -- webhook notices (capgate.gateway.service.notices) -------------------------------------
+
+
+class NoticeRejected(CapgateError):
+    """A webhook notice that a receiver must not act on (``verify_notice``).
+
+    Raised on the receiving side, never by the gateway: the subclasses say why, so a
+    receiver can answer a replayed notice (one it has handled) with 2xx and every
+    other refusal with 4xx. Messages name the header or field, never the secret.
+    """
+
+    code: ClassVar[str] = "notice_rejected"
+
+
+class NoticeSignatureInvalid(NoticeRejected):
+    """The ``capgate-signature`` header is missing or malformed, or no signature in it
+    is the HMAC of these bytes under this secret (the body or timestamp was changed,
+    or the secret is another)."""
+
+    code: ClassVar[str] = "notice_signature_invalid"
+
+
+class NoticeOutsideWindow(NoticeRejected):
+    """Correctly signed, but at a time further from now than the replay window allows."""
+
+    code: ClassVar[str] = "notice_outside_window"
+
+
+class NoticeReplayed(NoticeRejected):
+    """Correctly signed, but its event id was seen already: a replay, or the gateway
+    delivering again after it could not record a delivery (at least once)."""
+
+    code: ClassVar[str] = "notice_replayed"
 
 
 # -- the command line ------------------------------------------------------------------------

@@ -16,7 +16,9 @@ first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it se
 then, whether or not any agent calls again. Unless ``--no-worker`` is given, an
 execution worker (:class:`capgate.gateway.service.worker.Worker`) dispatches the
 approved proposals while it serves; ``capgate worker`` (:mod:`capgate.cli.worker`)
-runs one alone. What the two commands build alike is :mod:`capgate.cli.service`'s.
+runs one alone. With a ``notices`` section, a notifier sends each proposal's steps
+to its tenant's webhook, signed (:mod:`capgate.gateway.service.notices`). What the two
+commands build alike is :mod:`capgate.cli.service`'s.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from capgate.cli.service import (
     parts_of,
     run_until_stopped,
     start_gateway,
+    start_notifier,
     start_worker,
 )
 from capgate.gateway.catalogue import load_catalogue
@@ -136,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
         if args.worker:
             start_worker(stack, gateway, config)
+        start_notifier(stack, store, config)
         if sock is None:
             return _serve_stdio(gateway, config)
         return _serve_http(gateway, config, sock)

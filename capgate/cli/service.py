@@ -6,7 +6,8 @@ them apart gives both the same tools and credentials: the ``tools`` adapters, th
 upstream MCP servers (``upstreams``, or the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate of
 the environment), the ``credentials`` resolver, the operation lease
 (``lease_seconds``), OPA (embedded, or ``--opa``/``$CAPGATE_OPA_URL``), a reconcile
-at start and every ``reconcile_seconds``, and the execution worker (``worker``).
+at start and every ``reconcile_seconds``, the execution worker (``worker``), and the
+notifier of signed webhook notices (``notices``, when the file has that section).
 Each command keeps its own order of start-up around these (``serve`` binds its
 socket before OPA starts); SIGTERM becomes :class:`Terminated` in the main thread,
 so everything entered on the command's :class:`~contextlib.ExitStack` closes in
@@ -48,6 +49,7 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.notices.notifier import Notifier
 from capgate.gateway.service.recovery import Reconciler
 from capgate.gateway.service.worker import Worker, WorkerEvent
 from capgate.gateway.state.store import Store
@@ -62,6 +64,7 @@ __all__ = [
     "parts_of",
     "run_until_stopped",
     "start_gateway",
+    "start_notifier",
     "start_worker",
 ]
 
@@ -191,7 +194,12 @@ def _upstreams(config: ServeConfig, command: str) -> list[ServerSpec]:
 
 
 def parts_of(config: ServeConfig, command: str) -> Parts:
-    """The adapters (imported and made now), the upstream servers and the resolver."""
+    """The adapters (imported and made now), the upstream servers and the resolver;
+    the notices' secrets are looked for now too, so a missing one stops the command
+    before OPA or the store is touched."""
+    if config.notices is not None:
+        for tenant, hook in config.notices.tenants.items():
+            hook.secret(tenant)
     registry = ToolRegistry(*config.adapters())
     upstreams = _upstreams(config, command)
     return Parts(config, registry, upstreams, config.credential_resolver())
@@ -241,3 +249,21 @@ def start_worker(
     """The execution worker of ``config.worker``, stopped (gracefully) with ``stack``;
     ``on_event`` hears what it did (where notices of dispatched and blocked attach)."""
     return stack.enter_context(Worker(gateway, config.worker, on_event=on_event))
+
+
+def start_notifier(
+    stack: contextlib.ExitStack, store: Store, config: ServeConfig
+) -> Notifier | None:
+    """The notifier of ``config.notices`` (None without that section), stopped with
+    ``stack``. Its secrets are read from the environment now: a missing one is an
+    error before anything is served. Every serve and worker process of a deployment
+    may run one: each tenant's notices are sent by one of them at a time."""
+    if config.notices is None:
+        return None
+    notifier = stack.enter_context(Notifier(store, config.notices))
+    print(
+        f"capgate: notices for {config.notices.describe()} ({notifier.name})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return notifier

@@ -6,8 +6,9 @@ moment (:class:`capgate.gateway.service.worker.Worker`), and reconciles as ``ser
 does, until SIGTERM or Ctrl-C. It reads the same configuration file as ``serve``
 and builds the same gateway from it (:mod:`capgate.cli.service`): the ``tools``
 adapters and ``upstreams`` that run the execution actions, the ``credentials`` that
-resolve their secrets, ``lease_seconds``, ``reconcile_seconds`` and the ``worker``
-section; the file's bindings (who agents are) are not used. Any number of workers,
+resolve their secrets, ``lease_seconds``, ``reconcile_seconds``, the ``worker``
+section and the ``notices`` section (a notifier of signed webhooks, as ``serve``
+runs one); the file's bindings (who agents are) are not used. Any number of workers,
 in any number of processes and hosts, may share one store: each proposal is claimed
 by one of them at a time, and sent at most once whatever happens to them.
 
@@ -33,6 +34,7 @@ from capgate.cli.service import (
     parts_of,
     run_until_stopped,
     start_gateway,
+    start_notifier,
     start_worker,
 )
 from capgate.gateway.catalogue import load_catalogue
@@ -52,8 +54,9 @@ since blocks the proposal), retryable outcomes are tried again with backoff,
 and each proposal is sent at most once however many workers share the store.
 `capgate serve` runs a worker itself; run this for a deployment that keeps
 them apart. --config is serve's file: its tools, upstreams, credentials,
-lease_seconds, reconcile_seconds and worker settings (its bindings are not
-used). Logs go to stderr. docs/lifecycle.md describes the worker."""
+lease_seconds, reconcile_seconds, worker and notices settings (its bindings
+are not used). Logs go to stderr. docs/lifecycle.md describes the worker,
+docs/notices.md the notices."""
 
 
 def register(sub: Actions) -> None:
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     def work(store: Store, stack: contextlib.ExitStack) -> int:
         gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
         worker = start_worker(stack, gateway, config)
+        start_notifier(stack, store, config)
         print(f"capgate worker: {worker.name} on {store.location}", file=sys.stderr, flush=True)
         forever = threading.Event()
         while not forever.wait(3600):  # until SIGTERM or Ctrl-C raises here

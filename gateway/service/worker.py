@@ -58,7 +58,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -88,7 +88,14 @@ from capgate.gateway.state.store import Listener
 if TYPE_CHECKING:
     from capgate.gateway.service.gateway import Gateway
 
-__all__ = ["LISTEN_POLL_SECONDS", "Worker", "WorkerEvent", "WorkerSettings", "backoff"]
+__all__ = [
+    "LISTEN_POLL_SECONDS",
+    "BackoffSettings",
+    "Worker",
+    "WorkerEvent",
+    "WorkerSettings",
+    "backoff",
+]
 
 log = logging.getLogger("capgate.service")
 
@@ -163,7 +170,18 @@ class WorkerEvent(BaseModel):
     next_attempt_at: datetime | None = None
 
 
-def backoff(settings: WorkerSettings, attempt: int, retry_after: float | None = None) -> float:
+class BackoffSettings(Protocol):
+    """What :func:`backoff` reads: the worker's settings, and a webhook's
+    (:class:`~capgate.gateway.service.notices.settings.TenantWebhook`)."""
+
+    @property
+    def first_backoff_seconds(self) -> float: ...
+
+    @property
+    def longest_backoff_seconds(self) -> float: ...
+
+
+def backoff(settings: BackoffSettings, attempt: int, retry_after: float | None = None) -> float:
     """Seconds before retry number ``attempt`` (1 is the first): doubling from the
     first backoff up to the longest, never less than what the outcome asked for."""
     doubled = settings.first_backoff_seconds * float(2 ** min(max(attempt, 1) - 1, 60))

@@ -262,6 +262,46 @@ def _version_5(d: Dialect) -> list[str]:
     ]
 
 
+def _version_6(d: Dialect) -> list[str]:
+    """Webhook notices, whose outbox is the ledger: each tenant's cursor (how far its
+    notices have gone, and which notifier holds them), each notice delivered or given
+    up, and each attempt. No cursor is made here: a tenant's first notifier starts at
+    the ledger's end, so turning notices on does not send the history."""
+    i, t = d.int_type, d.time_type
+    return [
+        f"""CREATE TABLE notice_cursors (
+            tenant TEXT PRIMARY KEY,
+            after_seq {i} NOT NULL CHECK (after_seq >= 0),
+            claimed_by TEXT,
+            claim_until {t},
+            updated_at {t} NOT NULL,
+            CHECK ((claimed_by IS NULL) = (claim_until IS NULL))
+        )""",
+        f"""CREATE TABLE notice_deliveries (
+            event_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            seq {i} NOT NULL,
+            event TEXT NOT NULL,
+            proposal_id TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('sending', 'delivered', 'failed')),
+            attempts {i} NOT NULL CHECK (attempts >= 0),
+            last_result TEXT,
+            created_at {t} NOT NULL,
+            updated_at {t} NOT NULL
+        )""",
+        "CREATE INDEX notice_deliveries_by_tenant ON notice_deliveries (tenant, seq)",
+        f"""CREATE TABLE notice_attempts (
+            n {d.identity_pk},
+            event_id TEXT NOT NULL REFERENCES notice_deliveries (event_id),
+            attempt {i} NOT NULL CHECK (attempt >= 1),
+            at {t} NOT NULL,
+            result TEXT NOT NULL,
+            status_code {i},
+            UNIQUE (event_id, attempt)
+        )""",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -271,6 +311,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "operations.outcome_status for settling unknown outcomes; proposals' "
               "unsettled twins", _version_4),
     Migration(5, "the dispatch queue of the execution workers", _version_5),
+    Migration(6, "webhook notices: cursors, deliveries and attempts", _version_6),
 )  # fmt: skip
 
 

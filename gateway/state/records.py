@@ -30,6 +30,10 @@ __all__ = [
     "EvidenceRecord",
     "LedgerEntry",
     "LedgerRow",
+    "NoticeAttempt",
+    "NoticeCursor",
+    "NoticeDelivery",
+    "NoticeStatus",
     "OperationRecord",
     "OperationStatus",
     "PinRecord",
@@ -286,6 +290,55 @@ class PinRecord(_Record):
     def quarantined(self) -> bool:
         """Whether the catalogue tool mapped to it may not run now."""
         return self.status is not PinStatus.ACCEPTED
+
+
+class NoticeStatus(StrEnum):
+    """Where one webhook notice stands."""
+
+    SENDING = "sending"  # attempted, not delivered yet (retrying, or its sender died)
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # given up: a permanent refusal, or the last attempt failed
+
+
+class NoticeCursor(_Record):
+    """How far a tenant's notices have gone: every ledger row up to ``after_seq`` has
+    been delivered, recorded as failed, or was not a notice. A notifier holds it
+    (``claimed_by`` until ``claim_until``, renewed while it works) so that one
+    process at a time sends a tenant's notices, in ledger order."""
+
+    tenant: Identifier
+    after_seq: int = Field(ge=0)
+    claimed_by: str | None = Field(default=None, max_length=256)
+    claim_until: AwareDatetime | None = None
+    updated_at: AwareDatetime
+
+
+class NoticeDelivery(_Record):
+    """One notice (an event derived from ledger row ``seq``) and what came of it.
+    ``last_result`` is ``http_<status>`` or an error's class name: never a body, a
+    header or the secret."""
+
+    event_id: str = Field(min_length=1, max_length=64)
+    tenant: Identifier
+    seq: int = Field(ge=1)
+    event: str = Field(max_length=64)
+    proposal_id: Identifier
+    status: NoticeStatus
+    attempts: int = Field(ge=0)
+    last_result: str | None = Field(default=None, max_length=128)
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class NoticeAttempt(_Record):
+    """One delivery attempt of a notice: when, and what the receiver (or the network)
+    answered."""
+
+    event_id: str = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=1)
+    at: AwareDatetime
+    result: str = Field(max_length=128)
+    status_code: int | None = None
 
 
 class BeginStatus(StrEnum):

@@ -53,6 +53,10 @@ from capgate.gateway.state.records import (
     EvidenceRecord,
     LedgerEntry,
     LedgerRow,
+    NoticeAttempt,
+    NoticeCursor,
+    NoticeDelivery,
+    NoticeStatus,
     OperationRecord,
     OperationStatus,
     PinRecord,
@@ -67,12 +71,14 @@ __all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
-#: claim given back). A new channel is a name added here; nothing else changes.
-Channel = Literal["dispatch"]
-CHANNELS: tuple[Channel, ...] = ("dispatch",)
+#: claim given back); ``proposal_rows``, a ledger row naming a proposal appended (what
+#: the notifier turns into webhook notices). A new channel is a name added here;
+#: nothing else changes.
+Channel = Literal["dispatch", "proposal_rows"]
+CHANNELS: tuple[Channel, ...] = ("dispatch", "proposal_rows")
 
 
 class Listener(Protocol):
@@ -280,6 +286,42 @@ class Tx(Protocol):
         self, *, status: DispatchStatus | None = None, tenant: str | None = None
     ) -> list[DispatchJob]:
         """Jobs in the order they were queued, filtered by status and tenant."""
+
+    # -- webhook notices (the ledger is their outbox) ---------------------------------
+
+    def claim_notices(self, tenant: str, notifier: str, *, claim: timedelta) -> NoticeCursor | None:
+        """Hold the tenant's notices for ``notifier`` until ``now + claim`` (renewing its
+        own hold), or None while another notifier's hold lasts. A tenant without a
+        cursor gets one at the ledger's last row: notices start from now, not from
+        the ledger's history. However many notifiers race, one holds it."""
+
+    def advance_notices(self, tenant: str, notifier: str, after_seq: int) -> bool:
+        """Move the tenant's cursor forward to ``after_seq``, if ``notifier`` still holds
+        it (False, changing nothing, if not). Never moves it back."""
+
+    def release_notices(self, tenant: str, notifier: str) -> None:
+        """End ``notifier``'s hold (if it has one), so another may take over at once."""
+
+    def record_notice_attempt(
+        self,
+        delivery: NoticeDelivery,
+        *,
+        result: str,
+        status_code: int | None,
+    ) -> NoticeDelivery:
+        """Record one attempt of a notice: the delivery row (created at its first
+        attempt) takes ``delivery``'s status and one more attempt, and the attempt
+        its own row. Returns the delivery as stored."""
+
+    def get_notice(self, event_id: str) -> NoticeDelivery | None: ...
+
+    def notices(
+        self, *, tenant: str | None = None, status: NoticeStatus | None = None
+    ) -> list[NoticeDelivery]:
+        """Deliveries in ledger order, filtered by tenant and status."""
+
+    def notice_attempts(self, event_id: str) -> list[NoticeAttempt]:
+        """Every attempt of a notice, first first."""
 
     # -- notices ----------------------------------------------------------------------
 

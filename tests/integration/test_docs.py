@@ -55,6 +55,9 @@ info string                        rule
 ``json mcp-tool-result``           a ``tools/call`` result as the server writes it (without
                                    ``resultType``), equal to one that ``capgate serve``
                                    really produces (``_serve_results``).
+``json notice``                    a webhook notice's body, equal to the one the notifier
+                                   writes (``notice_body``) for a ledger row and proposal
+                                   with the block's own values.
 =================================  =========================================================
 
 Shell blocks: all ``sh`` blocks of one document run in order in one session, whose
@@ -127,8 +130,11 @@ from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
-from capgate.gateway.model.facts import ComposeInput, ExecuteInput
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, Principal
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from capgate.gateway.service.notices import NoticeSettings
+from capgate.gateway.service.notices.events import event_id, notice_body
+from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.opa_servers import wait_healthy
@@ -207,6 +213,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "serve-config": lambda b: b.lang == "yaml" and b.tag == "serve-config",
     "mcp-client": lambda b: b.lang == "json" and b.tag == "mcp-client",
     "mcp-tool-result": lambda b: b.lang == "json" and b.tag == "mcp-tool-result",
+    "notice": lambda b: b.lang == "json" and b.tag == "notice",
 }
 
 
@@ -554,6 +561,35 @@ def test_catalogue_error_format_matches_real_problems(mistake_problems: dict[str
 def test_serve_config_block_is_accepted(block: Block):
     config = parse_config(block.text, str(block))
     assert config.adapters()
+
+
+@pytest.mark.parametrize("block", blocks_of("notice"), ids=ids(blocks_of("notice")))
+def test_notice_block_is_what_the_notifier_writes(block: Block):
+    shown = json.loads(block.text)
+    at = datetime.strptime(shown["occurred_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    row = LedgerRow(
+        seq=shown["ledger_seq"], at=at, prev_hash="sha256:" + "0" * 64,
+        hash="sha256:" + shown["id"].removeprefix("evt_") + "0" * 32,
+        kind="dispatch", tenant=shown["tenant"], principal=shown["by"], tool=shown["tool"],
+        operation_id=shown["operation_id"], proposal_id=shown["proposal_id"],
+        decision_id=shown["decision_id"], outcome=shown.get("outcome", "blocked"),
+        reason_codes=shown["reason_codes"],
+    )  # fmt: skip
+    proposal = ProposalRecord(
+        id=shown["proposal_id"], tenant=shown["tenant"], task_id="task-1",
+        proposer=Principal(agent="sales-bot", role="sales", tenant=shown["tenant"]),
+        environment="production", task={"type": "customer_quote", "id": "task-1"},
+        tool=shown["tool"], contract_version=shown["contract_version"],
+        execution_action=shown["tool"], params={"body": "never in a notice"},
+        params_digest=shown["params_digest"], operation_id=shown["operation_id"],
+        decision_id=None, status=ProposalStatus.BLOCKED, created_at=at, updated_at=at,
+    )  # fmt: skip
+    inbox = shown["inbox_url"].removesuffix(f"/proposals/{shown['proposal_id']}")
+    settings = NoticeSettings.model_validate(
+        {"inbox_url": inbox, "tenants": {shown["tenant"]: {"url": inbox, "secret_env": "X"}}}
+    )
+    assert event_id(row) == shown["id"]
+    assert json.loads(notice_body(row, shown["type"], proposal, settings)) == shown
 
 
 @pytest.mark.parametrize("block", blocks_of("mcp-client"), ids=ids(blocks_of("mcp-client")))

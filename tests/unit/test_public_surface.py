@@ -17,6 +17,7 @@ EXPECTED = {
     "StoreError", "SupportsLookup", "Task", "ToolContract", "ToolFailed", "ToolNotInCatalogue",
     "ToolNotRegistered", "ToolRefused", "ToolRegistry", "ToolRetryable", "ToolUnknown",
     "InProcessTools", "tool_registry", "Worker", "WorkerEvent", "WorkerSettings",
+    "Notifier", "NoticeSettings", "NoticeRejected", "verify_notice",
     "compile_catalogue", "load_catalogue", "open_store", "params_digest", "__version__",
 }  # fmt: skip
 
@@ -48,6 +49,7 @@ def test_error_codes_are_stable_and_unique():
         "CredentialUnavailable": "credential_unavailable",
         "StoreError": "store_error",
         "ToolFailed": "tool_failed",
+        "NoticeRejected": "notice_rejected",
     }
     assert len(set(codes.values())) == len(codes)
 
@@ -72,6 +74,7 @@ def test_the_error_tree_is_the_documented_one():
         "CredentialUnavailable": "CapgateError",
         "StoreError": "CapgateError",
         "ToolFailed": "CapgateError",
+        "NoticeRejected": "CapgateError",
     }
 
 

@@ -74,6 +74,7 @@ from capgate.gateway.service.credentials import (
     NoCredentials,
 )
 from capgate.gateway.service.gateway import DEFAULT_LEASE
+from capgate.gateway.service.notices.settings import NoticeSettings
 from capgate.gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.service.worker import WorkerSettings
@@ -166,6 +167,8 @@ class ServeConfig(_Strict):
     #: How the execution worker works (``capgate serve`` runs one unless
     #: ``--no-worker``; ``capgate worker`` runs one alone).
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    #: Signed webhook notices per tenant (docs/notices.md); none when not given.
+    notices: NoticeSettings | None = None
     credentials: str = "environment"
     list_changed_poll_seconds: float = Field(default=DEFAULT_POLL_SECONDS, gt=0, le=3600)
     #: Threads running tool calls (each runs a call to its end) and decisions (lists,

@@ -34,7 +34,8 @@ Modules: ``core`` (what every statement goes through: the transaction base and t
 value and row helpers); one per aggregate, each a base class of :class:`SqlTx`:
 ``tenants`` (with their budgets), ``connections``, ``evidence``, ``operations``,
 ``proposals`` (with their reviews), ``dispatches`` (the execution workers' queue),
-``pins``, ``ledger``; ``listen`` (notices and who waits for them); ``tx`` (:class:`SqlTx`, which
+``pins``, ``notices`` (webhook notices' cursors and deliveries), ``ledger``;
+``listen`` (notices at commit and who waits for them); ``tx`` (:class:`SqlTx`, which
 puts them together); ``store`` (:class:`SqlStore`: where a transaction begins and how
 it ends).
 """

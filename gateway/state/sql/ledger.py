@@ -4,8 +4,10 @@ What a row holds and how the chain is hashed and checked is
 :mod:`capgate.gateway.state.ledger`'s; this module keeps what the database must do
 for it. An append takes the transaction-scoped ledger lock before it reads the last
 row, so across processes sequence numbers have no gaps and each ``prev_hash`` is the
-previous ``hash``. Verification reads the chain a page at a time, in one snapshot,
-so a long ledger is checked whole without being held in memory.
+previous ``hash``; rows also commit in ``seq`` order, so the notifier can tail the
+ledger by ``seq``, and a row naming a proposal notifies ``proposal_rows`` at commit.
+Verification reads the chain a page at a time, in one snapshot, so a long ledger is
+checked whole without being held in memory.
 """
 
 # S608: every SQL text here is put together from this package's constants (column
@@ -76,6 +78,10 @@ class LedgerTx(TxCore):
                 "detail": detail,
             },
         )
+        if record.proposal_id is not None:
+            # A step of a proposal's life: the notifier turns such rows into webhook
+            # notices once they commit (capgate.gateway.service.notices).
+            self.notify("proposal_rows")
         return LedgerRow.model_validate(
             {
                 **fields,

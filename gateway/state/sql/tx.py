@@ -14,6 +14,7 @@ from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.dispatches import DispatchesTx
 from capgate.gateway.state.sql.evidence import EvidenceTx
 from capgate.gateway.state.sql.ledger import LedgerTx
+from capgate.gateway.state.sql.notices import NoticesTx
 from capgate.gateway.state.sql.operations import OperationsTx
 from capgate.gateway.state.sql.pins import PinsTx
 from capgate.gateway.state.sql.proposals import ProposalsTx
@@ -30,6 +31,7 @@ class SqlTx(
     ProposalsTx,
     DispatchesTx,
     PinsTx,
+    NoticesTx,
     LedgerTx,
 ):
     """One open transaction on one session (see :class:`~capgate.gateway.state.store.Tx`).
