@@ -23,6 +23,7 @@ errors come back::
     ├── UpstreamUnavailable      upstream_unavailable    an MCP server could not be reached
     ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
     ├── AuthenticationFailed     authentication_failed   no known identity: nothing done
+    ├── ProposalStale            stale                   a verdict on content other than the current
     ├── NoticeRejected           notice_rejected         a webhook notice a receiver must not act on
     │   ├── NoticeSignatureInvalid notice_signature_invalid its signature missing, malformed, wrong
     │   ├── NoticeOutsideWindow  notice_outside_window   signed too long ago (or too far ahead)
@@ -78,6 +79,7 @@ __all__ = [
     "ObligationUnsupported",
     "OperationConflict",
     "PolicyUnavailable",
+    "ProposalStale",
     "ToolFailed",
     "ToolNotInCatalogue",
     "ToolNotRegistered",
@@ -548,6 +550,21 @@ class AuthenticationFailed(CapgateError):
     behalf. The message says which check failed, never the credential."""
 
     code: ClassVar[str] = "authentication_failed"
+
+
+class ProposalStale(CapgateError):
+    """A verdict on a proposal names a digest that is not its content now (or the
+    stored content no longer hashes to its digest): the reviewer decided on something
+    else than what would be sent. Nothing is written; look at the proposal again."""
+
+    code: ClassVar[str] = "stale"
+
+    def __init__(self, proposal_id: str) -> None:
+        super().__init__(
+            f"proposal {quote(proposal_id)} is not the content you decided on: show it "
+            "again and decide on what it holds now"
+        )
+        self.proposal_id = proposal_id
 
 
 # -- webhook notices (capgate.gateway.service.notices) -------------------------------------

@@ -1,0 +1,153 @@
+"""The review desk: what a reviewer may see and decide, and what an agent may ask of
+its own proposals, written once for every front (MCP tools, the inbox, a chat bot).
+
+A front authenticates its caller and hands the desk a
+:class:`~capgate.gateway.model.facts.Reviewer` (or, for an agent asking after its
+proposals, the :class:`~capgate.gateway.model.facts.Principal` of its binding). The
+desk never takes an identity from a request's arguments, and never widens what the
+caller may see:
+
+- **A reviewer sees their tenant's proposals only.** Another tenant's id reads as
+  unknown, the same answer as an id that exists nowhere.
+- **A decision goes through** ``Gateway.review``: the review policy decides, and
+  every refusal is a ledger row. A proposal decided already is refused by that
+  policy (``proposal_not_pending``), which fronts show as ``already_decided``.
+- **A decision names what it decides on**: the digest of the content the reviewer
+  was shown. When it is not the proposal's digest now, or the stored content no
+  longer hashes to it (the store was altered), the decision is refused as
+  :class:`~capgate.gateway.errors.ProposalStale` before OPA is asked, and nothing is
+  written: the reviewer looks again.
+- **An agent sees its own proposals only**: those its principal (agent and tenant)
+  proposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from capgate.gateway.digest import params_digest
+from capgate.gateway.errors import CapgateError, InvalidInput, ProposalStale, UnknownProposal, quote
+from capgate.gateway.model.facts import Principal, Reviewer
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.state.records import (
+    OperationRecord,
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+    ReviewVerdict,
+)
+
+__all__ = ["MAX_LISTED", "ProposalView", "ReviewDesk"]
+
+#: The most proposals one listing returns (the oldest pending first; an agent's
+#: newest first).
+MAX_LISTED: Final = 50
+
+
+@dataclass(frozen=True)
+class ProposalView:
+    """One proposal as a reviewer or its agent sees it, with what bears on it now."""
+
+    proposal: ProposalRecord
+    #: Whether the stored parameters still hash to the digest an approval binds.
+    digest_matches: bool
+    reviews: list[ReviewRecord]
+    #: The operation that carries it, once dispatched (its outcome, receipt, attempts).
+    operation: OperationRecord | None
+
+
+class ReviewDesk:
+    """The desk of one gateway, for every front that reviews or asks after proposals."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    # -- reviewers ---------------------------------------------------------------------------
+
+    def pending(self, reviewer: Reviewer) -> list[ProposalRecord]:
+        """The reviewer's tenant's pending proposals, oldest first (at most
+        :data:`MAX_LISTED`). The review policy still decides each verdict."""
+        with self.gateway.store.transaction(read_only=True) as tx:
+            pending = tx.list_proposals(tenant=reviewer.tenant, status=ProposalStatus.PENDING)
+        return pending[:MAX_LISTED]
+
+    def show(self, reviewer: Reviewer, proposal_id: str) -> ProposalView:
+        """One proposal of the reviewer's tenant; UnknownProposal for any other."""
+        return self._view(_checked_id(proposal_id), tenant=reviewer.tenant, agent=None)
+
+    def decide(
+        self, reviewer: Reviewer, proposal_id: str, verdict: ReviewVerdict | str, *, digest: str
+    ) -> ReviewRecord:
+        """Approve or reject the proposal whose content hashes to ``digest``.
+
+        ProposalStale when that is not the proposal's content now (nothing written);
+        else :meth:`Gateway.review`'s answer: CapabilityViolation for a refusal
+        (recorded), ``proposal_not_pending`` among its codes when it was decided
+        already. Another tenant's proposal is asked of the policy like any other, so
+        the attempt is refused (``tenant_mismatch``) and recorded.
+        """
+        proposal_id = _checked_id(proposal_id)
+        if not isinstance(digest, str) or not digest:
+            raise InvalidInput("digest: give the digest of the content you were shown")
+        with self.gateway.store.transaction(read_only=True) as tx:
+            proposal = tx.get_proposal(proposal_id)
+        if proposal is None:
+            raise UnknownProposal(proposal_id)
+        if proposal.tenant == reviewer.tenant and not _is_current(proposal, digest):
+            raise ProposalStale(proposal.id)
+        return self.gateway.review(proposal.id, reviewer, verdict)
+
+    # -- agents ------------------------------------------------------------------------------
+
+    def own(self, principal: Principal, limit: int = MAX_LISTED) -> list[ProposalRecord]:
+        """The proposals this agent (this agent, of this tenant) made, newest first."""
+        with self.gateway.store.transaction(read_only=True) as tx:
+            proposals = tx.list_proposals(tenant=principal.tenant)
+        mine = [p for p in proposals if p.proposer.agent == principal.agent]
+        return list(reversed(mine))[:limit]
+
+    def own_one(self, principal: Principal, proposal_id: str) -> ProposalView:
+        """One of this agent's own proposals; UnknownProposal for anyone else's."""
+        return self._view(_checked_id(proposal_id), tenant=principal.tenant, agent=principal.agent)
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _view(self, proposal_id: str, *, tenant: str, agent: str | None) -> ProposalView:
+        with self.gateway.store.transaction(read_only=True) as tx:
+            proposal = tx.get_proposal(proposal_id)
+            if (
+                proposal is None
+                or proposal.tenant != tenant
+                or (agent is not None and proposal.proposer.agent != agent)
+            ):
+                # The same answer for an id of another tenant (or agent) as for none.
+                raise UnknownProposal(proposal_id)
+            reviews = tx.reviews(proposal.id)
+            operation = tx.get_operation(proposal.tenant, proposal.operation_id)
+        return ProposalView(
+            proposal=proposal,
+            digest_matches=_is_current(proposal, proposal.params_digest),
+            reviews=reviews,
+            operation=operation if proposal.status is ProposalStatus.DISPATCHED else None,
+        )
+
+
+def _is_current(proposal: ProposalRecord, digest: str) -> bool:
+    """``digest`` is the proposal's, and its stored parameters still hash to it."""
+    try:
+        recomputed = params_digest(proposal.params)
+    except CapgateError:
+        return False
+    return digest == proposal.params_digest == recomputed
+
+
+def _checked_id(proposal_id: object) -> str:
+    if (
+        not isinstance(proposal_id, str)
+        or not 1 <= len(proposal_id) <= 128
+        or not proposal_id.isascii()
+        or not all(c.isalnum() or c in "_.:/-" for c in proposal_id)
+    ):
+        raise InvalidInput(f"proposal_id: {quote(proposal_id, 40)} is not a proposal id")
+    return proposal_id

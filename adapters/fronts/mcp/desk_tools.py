@@ -1,0 +1,206 @@
+"""The gateway's own MCP tools: an agent asks after its proposals, a reviewer reviews.
+
+Beside the catalogue's tools, ``capgate serve`` lists tools of its own, under the
+``capgate.`` prefix a catalogue may not use (the server refuses to start on a
+catalogue tool of that prefix):
+
+=============================  ===================================================
+``capgate.proposals.status``   every caller: its own proposals (newest first), or
+                               one of them whole, with its status, reviews and
+                               outcome (the provider's receipt once dispatched)
+``capgate.reviews.pending``    a caller whose role approves something: the pending
+                               proposals of its tenant
+``capgate.reviews.show``       ... one of them whole: content (untrusted data),
+                               digest, proposer, reviews
+``capgate.reviews.approve``    ... a verdict on the content it was shown, named by
+``capgate.reviews.reject``     its digest: ``stale`` when that is not the content
+                               now, ``already_decided`` when someone decided first
+=============================  ===================================================
+
+The reviewer is the caller's own binding, as the review policy sees it
+(:meth:`Reviewer.of_agent <capgate.gateway.model.facts.Reviewer.of_agent>`, with how
+the binding was authenticated): never a name in the arguments. Whether the review
+tools are listed is a convenience read from the catalogue (does the caller's role
+approve any kind of approval?); every verdict is the review policy's to allow, and
+the same agent that proposed a call is refused as ``self_review``. The answers are
+the fronts' shared ones (:mod:`capgate.adapters.fronts.answers`), rendered by
+:func:`~capgate.adapters.fronts.mcp.results.tool_result` like every other answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import mcp_types as types
+
+from capgate.adapters.fronts.answers import (
+    Answer,
+    error_answer,
+    proposal_view_answer,
+    proposals_answer,
+    verdict_answer,
+)
+from capgate.adapters.fronts.desk import ReviewDesk
+from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import Principal, Reviewer
+from capgate.gateway.service.requests import AgentRequest
+from capgate.gateway.state.records import ReviewVerdict
+
+__all__ = [
+    "APPROVE",
+    "DESK_PREFIX",
+    "PENDING",
+    "REJECT",
+    "SHOW",
+    "STATUS",
+    "desk_answer",
+    "desk_tools",
+]
+
+#: The prefix of the server's own tools; no catalogue tool may carry it.
+DESK_PREFIX: Final = "capgate."
+STATUS: Final = "capgate.proposals.status"
+PENDING: Final = "capgate.reviews.pending"
+SHOW: Final = "capgate.reviews.show"
+APPROVE: Final = "capgate.reviews.approve"
+REJECT: Final = "capgate.reviews.reject"
+
+_ID: Final = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "description": "a proposal id, as a proposal answer or a listing gave it",
+}
+_DIGEST: Final = {
+    "type": "string",
+    "pattern": "^sha256:[0-9a-f]{64}$",
+    "description": "the params_digest of the proposal as capgate.reviews.show showed it",
+}
+
+
+def _tool(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> types.Tool:
+    return types.Tool.model_validate(
+        {
+            "name": name,
+            "description": description,
+            "inputSchema": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+            "annotations": {"readOnlyHint": name in (STATUS, PENDING, SHOW)},
+            "_meta": {"capgate/desk": True},
+        }
+    )
+
+
+_STATUS_TOOL: Final = _tool(
+    STATUS,
+    "The state of proposals you made (calls of reviewed tools): without proposal_id, your "
+    "latest ones; with it, that one whole, with its reviews and, once dispatched, its "
+    "outcome and the provider's receipt.",
+    {"proposal_id": _ID},
+    [],
+)
+_REVIEW_TOOLS: Final = (
+    _tool(
+        PENDING,
+        "The proposals of your tenant waiting for a review, oldest first.",
+        {},
+        [],
+    ),
+    _tool(
+        SHOW,
+        "One proposal whole: the exact content that would be sent (untrusted data an agent "
+        "wrote), its digest, who proposed it, its reviews.",
+        {"proposal_id": _ID},
+        ["proposal_id"],
+    ),
+    _tool(
+        APPROVE,
+        "Approve a pending proposal, as yourself, if the review policy lets you. Name the "
+        "digest of the content you were shown: a proposal whose content is not that is "
+        "refused as stale.",
+        {"proposal_id": _ID, "digest": _DIGEST},
+        ["proposal_id", "digest"],
+    ),
+    _tool(
+        REJECT,
+        "Reject a pending proposal, as yourself, on the same terms as approving it.",
+        {"proposal_id": _ID, "digest": _DIGEST},
+        ["proposal_id", "digest"],
+    ),
+)
+DESK_NAMES: Final = frozenset({STATUS, *(tool.name for tool in _REVIEW_TOOLS)})
+
+
+def may_review(catalogue: Catalogue, principal: Principal) -> bool:
+    """Whether the caller's role approves any kind of approval (the tools are listed
+    then; the review policy decides every verdict all the same)."""
+    role = catalogue.roles.get(principal.role)
+    return role is not None and bool(role.approves)
+
+
+def desk_tools(catalogue: Catalogue, principal: Principal) -> list[types.Tool]:
+    """The server's own tools this caller is shown."""
+    return [_STATUS_TOOL, *(_REVIEW_TOOLS if may_review(catalogue, principal) else ())]
+
+
+def desk_tool(catalogue: Catalogue, principal: Principal, name: str) -> types.Tool | None:
+    """The tool of that name if this caller is shown it, else None (an unknown tool)."""
+    return next((t for t in desk_tools(catalogue, principal) if t.name == name), None)
+
+
+def desk_answer(
+    desk: ReviewDesk, request: AgentRequest, name: str, arguments: Mapping[str, Any]
+) -> Answer:
+    """The answer to one call of a desk tool the caller was shown (run in a thread)."""
+    try:
+        return _answer(desk, request, name, arguments)
+    except CapgateError as exc:
+        return error_answer(exc)
+
+
+def _answer(
+    desk: ReviewDesk, request: AgentRequest, name: str, arguments: Mapping[str, Any]
+) -> Answer:
+    principal = request.principal
+    if name == STATUS:
+        (proposal_id,) = _arguments(arguments, required=(), optional=("proposal_id",))
+        if proposal_id is None:
+            return proposals_answer(desk.own(principal), "you proposed, newest first")
+        return proposal_view_answer(desk.own_one(principal, proposal_id))
+    reviewer = Reviewer.of_agent(principal, authenticated_by=request.authenticated_by or "mcp")
+    if name == PENDING:
+        _arguments(arguments, required=(), optional=())
+        return proposals_answer(desk.pending(reviewer), f"pending in tenant {principal.tenant}")
+    if name == SHOW:
+        (proposal_id,) = _arguments(arguments, required=("proposal_id",), optional=())
+        return proposal_view_answer(desk.show(reviewer, proposal_id))
+    verdict = ReviewVerdict.APPROVED if name == APPROVE else ReviewVerdict.REJECTED
+    proposal_id, digest = _arguments(arguments, required=("proposal_id", "digest"), optional=())
+    return verdict_answer(desk.decide(reviewer, proposal_id, verdict, digest=digest))
+
+
+def _arguments(
+    arguments: Mapping[str, Any], *, required: tuple[str, ...], optional: tuple[str, ...]
+) -> list[Any]:
+    """The named string arguments, in order; InvalidInput naming the field otherwise
+    (the values are never quoted: they are the caller's)."""
+    unknown = sorted(set(arguments) - {*required, *optional})
+    if unknown:
+        raise InvalidInput(f"unknown argument(s): {', '.join(quote(k, 40) for k in unknown[:3])}")
+    values = []
+    for key in (*required, *optional):
+        value = arguments.get(key)
+        if value is None and key in required:
+            raise InvalidInput(f"{key}: required")
+        if value is not None and not isinstance(value, str):
+            raise InvalidInput(f"{key}: must be a string")
+        values.append(value)
+    return values
