@@ -39,13 +39,15 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.auth_context import get_access_token
 
-from capgate.adapters.fronts.mcp.config import token_digest
+from capgate.adapters.fronts.mcp.config import Binding, token_digest
+from capgate.adapters.fronts.mcp.desk_tools import desk_tools
 from capgate.adapters.tools.in_process import InProcessTools
 from capgate.cli.main import main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.model.outcomes import ToolRetryable, ToolUnknown
 from capgate.gateway.opa.binary import find_opa_binary
+from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerEntry
 from capgate.gateway.tools.contract import CallContext
@@ -225,6 +227,14 @@ LINKED = [
     {"type": "opportunity", "id": "opp-17"},
     {"type": "invoice", "id": "inv-9"},
 ]
+
+
+def listed_names(gateway: Gateway, bound: Binding) -> list[str]:
+    """What ``tools/list`` shows a binding: the composed set, sorted, then the server's
+    own tools for it (:func:`capgate.adapters.fronts.mcp.desk_tools.desk_tools`)."""
+    composed = sorted(gateway.compose(bound.request).visible)
+    own = [tool.name for tool in desk_tools(gateway.catalogue, bound.principal)]
+    return composed + own
 
 
 def binding(agent: str, role: str, task: str, task_type: str = "customer_quote") -> dict[str, Any]:

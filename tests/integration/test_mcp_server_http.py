@@ -39,6 +39,7 @@ from tests.integration.mcp_server_support import (
     http_server,
     http_session,
     ledger,
+    listed_names,
     records,
     release_slow,
     seed_store,
@@ -91,7 +92,7 @@ def expected(served: dict[str, Any], sales_sidecar: PolicySidecar) -> dict[str, 
             store,
         )
         return {
-            name: sorted(gateway.compose(Binding.model_validate(bound).request).visible)
+            name: listed_names(gateway, Binding.model_validate(bound))
             for name, bound in BINDINGS.items()
         }
     finally:

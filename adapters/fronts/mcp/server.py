@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -87,7 +87,21 @@ from capgate.adapters.fronts.answers import (
     proposal_answer,
     unknown_tool_answer,
 )
+from capgate.adapters.fronts.desk import ReviewDesk
 from capgate.adapters.fronts.mcp.config import DEFAULT_POLL_SECONDS, Binding
+from capgate.adapters.fronts.mcp.desk_tools import (
+    DESK_NAMES,
+    DESK_PREFIX,
+    desk_answer,
+    desk_tool,
+    desk_tools,
+)
+from capgate.adapters.fronts.mcp.proposal_resources import (
+    fingerprints,
+    list_result,
+    proposal_of,
+    read_result,
+)
 from capgate.adapters.fronts.mcp.results import tool_result
 from capgate.gateway.errors import CapgateError, InvalidInput, quote
 from capgate.gateway.model.contracts import ToolContract
@@ -112,6 +126,8 @@ _INSTRUCTIONS: Final = (
 )
 #: ``Connection.state`` key of a handshake-era connection's watch.
 _WATCH: Final = "capgate.adapters.fronts.mcp.watch"
+#: ``Connection.state`` key of a handshake-era connection's proposal subscriptions.
+_SUBSCRIBED: Final = "capgate.adapters.fronts.mcp.subscribed"
 
 _T = TypeVar("_T")
 Context = ServerRequestContext[Any, Any]
@@ -176,7 +192,14 @@ class GatewayMCP:
     ) -> None:
         if (stdio is None) == (http is None):
             raise ValueError("give exactly one of stdio= (one binding) and http= (by name)")
+        reserved = sorted(n for n in gateway.catalogue.tools if n.startswith(DESK_PREFIX))
+        if reserved:
+            raise InvalidInput(
+                f"catalogue tool {quote(reserved[0])}: the prefix {DESK_PREFIX!r} is the "
+                "server's own (capgate.proposals.*, capgate.reviews.*)"
+            )
         self.gateway = gateway
+        self.desk = ReviewDesk(gateway)
         self.poll_seconds = poll_seconds
         self._stdio = stdio
         self._http = dict(http) if http is not None else None
@@ -193,6 +216,10 @@ class GatewayMCP:
             lifespan=self._lifespan,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
             on_subscriptions_listen=self._listen,
         )
 
@@ -284,6 +311,7 @@ class GatewayMCP:
         self._watch_connection(ctx, caller, frozenset(names))
         catalogue = self.gateway.catalogue.tools
         tools = [tool_view(catalogue[name]) for name in names]
+        tools += desk_tools(self.gateway.catalogue, caller.request.principal)
         # Private and never fresh: the list is this caller's, and may change any time.
         return types.ListToolsResult(tools=tools, ttl_ms=0, cache_scope="private")
 
@@ -307,6 +335,8 @@ class GatewayMCP:
             return None, error_answer(
                 InvalidInput(f"_meta {OPERATION_META_KEY!r} must be a string")
             )
+        if name in DESK_NAMES:
+            return await self._desk(caller, name, arguments)
         try:
             visible = await self.visible(caller)
         except CapgateError as exc:
@@ -338,6 +368,105 @@ class GatewayMCP:
         if isinstance(answer, Outcome):
             return tool, outcome_answer(answer)
         return tool, proposal_answer(answer)
+
+    async def _desk(
+        self, caller: Caller, name: str, arguments: dict[str, Any]
+    ) -> tuple[types.Tool | None, Answer]:
+        """A call of one of the server's own tools (:mod:`.desk_tools`); one the caller
+        is not shown answers as an unknown tool, like a hidden one."""
+        tool = desk_tool(self.gateway.catalogue, caller.request.principal, name)
+        if tool is None:
+            return None, unknown_tool_answer()
+        answer = functools.partial(desk_answer, self.desk, caller.request, name, arguments)
+        try:
+            return tool, await self._in_thread(self._decisions, answer)
+        except Exception as exc:
+            log.error("%s failed unexpectedly (%s)", name, type(exc).__name__)
+            return tool, internal_answer()
+
+    # -- the caller's proposals as resources (proposal_resources.py) --------------------------
+
+    async def _list_resources(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        caller = self.caller(ctx)
+        listing = functools.partial(list_result, self.desk, caller.request.principal)
+        return await self._in_thread(self._decisions, listing)
+
+    async def _read_resource(
+        self, ctx: Context, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        caller = self.caller(ctx)
+        read = functools.partial(read_result, self.desk, caller.request.principal, str(params.uri))
+        return await self._in_thread(self._decisions, read)
+
+    async def _subscribe(
+        self, ctx: Context, params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        """``resources/subscribe`` (handshake era): watch the proposal, and send
+        ``notifications/resources/updated`` on this connection when it changes."""
+        caller = self.caller(ctx)
+        uri = str(params.uri)
+        if proposal_of(uri) is None:
+            raise MCPError(types.INVALID_PARAMS, "only capgate://proposals/<id> can be subscribed")
+        connection = _connection_of(ctx)
+        if connection is None or self._tasks is None:
+            raise MCPError(
+                types.INVALID_REQUEST,
+                "no connection to notify: subscribe through subscriptions/listen",
+            )
+        subscribed = connection.state.get(_SUBSCRIBED)
+        if not isinstance(subscribed, _Subscribed):
+            subscribed = _Subscribed()
+            connection.state[_SUBSCRIBED] = subscribed
+
+            async def run() -> None:
+                with subscribed.scope:
+                    await self._watch_resources(
+                        caller, lambda: set(subscribed.uris), connection.send_resource_updated
+                    )
+
+            connection.exit_stack.callback(subscribed.scope.cancel)
+            self._tasks.start_soon(run)
+        subscribed.uris.add(uri)
+        return types.EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: Context, params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        self.caller(ctx)
+        connection = _connection_of(ctx)
+        subscribed = connection.state.get(_SUBSCRIBED) if connection is not None else None
+        if isinstance(subscribed, _Subscribed):
+            subscribed.uris.discard(str(params.uri))
+        return types.EmptyResult()
+
+    async def _watch_resources(
+        self,
+        caller: Caller,
+        uris: Callable[[], set[str]],
+        notify: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """Read the subscribed proposals every ``poll_seconds`` (or when the caller's
+        call wakes the watch) and notify each whose resource says something new."""
+        waker = _Waker()
+        self._wakers.setdefault(caller.key, set()).add(waker)
+        principal = caller.request.principal
+        try:
+            last: dict[str, Any] = {}
+            while True:
+                wanted = uris()
+                now = await self._in_thread(
+                    self._decisions, functools.partial(fingerprints, self.desk, principal, wanted)
+                )
+                for uri, value in now.items():
+                    if uri in last and last[uri] != value:
+                        log.info("proposal resource %s changed: notifying", uri)
+                        await notify(uri)
+                last = now
+                await waker.wait(self.poll_seconds)
+        finally:
+            self._wakers.get(caller.key, set()).discard(waker)
 
     # -- list_changed ----------------------------------------------------------------------
 
@@ -408,7 +537,16 @@ class GatewayMCP:
             raise MCPError(types.INVALID_REQUEST, "subscriptions/listen needs a request id")
         meta = {SUBSCRIPTION_ID_META_KEY: subscription}
         wanted = bool(params.notifications.tools_list_changed)
-        honoured = types.SubscriptionFilter(tools_list_changed=True if wanted else None)
+        uris = sorted(
+            {
+                str(uri)
+                for uri in params.notifications.resource_subscriptions or ()
+                if proposal_of(str(uri)) is not None
+            }
+        )
+        honoured = types.SubscriptionFilter(
+            tools_list_changed=True if wanted else None, resource_subscriptions=uris or None
+        )
         # The baseline first, so a change right after the acknowledgement is not lost.
         baseline = [await self._visible_or_none(caller, [False])] if wanted else []
         await ctx.session.send_notification(
@@ -419,8 +557,6 @@ class GatewayMCP:
             ),
             related_request_id=subscription,
         )
-        if not wanted:
-            await anyio.sleep_forever()
 
         async def notify() -> None:
             await ctx.session.send_notification(
@@ -428,11 +564,32 @@ class GatewayMCP:
                 related_request_id=subscription,
             )
 
+        async def updated(uri: str) -> None:
+            await ctx.session.send_notification(
+                types.ResourceUpdatedNotification(
+                    params=types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)
+                ),
+                related_request_id=subscription,
+            )
+
         def saw(current: frozenset[str]) -> None:
             baseline[0] = current
 
-        await self._watch(caller, lambda: baseline[0], saw, notify)
+        async with anyio.create_task_group() as streams:
+            if wanted:
+                streams.start_soon(self._watch, caller, lambda: baseline[0], saw, notify)
+            if uris:
+                streams.start_soon(self._watch_resources, caller, lambda: set(uris), updated)
+            await anyio.sleep_forever()
         return types.SubscriptionsListenResult(_meta=meta)  # pragma: no cover - never ends
+
+
+class _Subscribed:
+    """A handshake-era connection's proposal subscriptions, and their watch's scope."""
+
+    def __init__(self) -> None:
+        self.uris: set[str] = set()
+        self.scope = anyio.CancelScope()
 
 
 class _ConnectionWatch:

@@ -1,0 +1,303 @@
+"""Reviews where people are: ``capgate serve``'s own MCP tools, over real processes.
+
+An agent proposes through ``capgate serve --stdio`` with the official MCP client; a
+binding whose role approves quotes lists the pending proposals, shows one, and
+approves it by the digest it was shown; the server's execution worker dispatches it;
+the proposing agent asks after its proposal and sees it dispatched with the
+provider's receipt. Around that: a second verdict is ``already_decided``, a verdict
+on other content is ``stale``, the proposer under another binding is refused as
+``self_review`` (an agent acting for the same person too), another tenant's reviewer
+sees nothing and is refused by id, and an agent whose role reviews nothing is not
+shown the review tools and cannot call them. Every verdict names the binding's
+identity, never an argument's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+
+from capgate.cli.main import main
+from capgate.gateway.state import open_store
+from capgate.gateway.state.records import ProposalStatus
+from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
+from tests.integration.mcp_server_support import (
+    LINKED,
+    SALES_BOT,
+    ledger,
+    records,
+    seed_store,
+    stdio_session,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration
+
+QUOTE = {"opportunity_id": "opp-17", "amount_cents": 1200, "currency": "EUR"}
+
+
+def reviewer_binding(agent: str, tenant: str = "acme", **principal: Any) -> dict[str, Any]:
+    return {
+        "principal": {"agent": agent, "role": "sales_manager", "tenant": tenant, **principal},
+        "task": {
+            "type": "customer_quote",
+            "id": f"task-review-{agent}",
+            "linked_resources": LINKED,
+        },
+        "environment": "production",
+    }
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> dict[str, Any]:
+    store = seed_store(tmp_path / "state.db")
+    assert main(["tenants", "add", "globex", "--budget-class", "standard", "--store", store]) == 0
+    bindings = {
+        "sales": {**SALES_BOT, "principal": {**SALES_BOT["principal"], "acts_for": "sam"}},
+        "maria": reviewer_binding("maria-bot"),
+        "mike": reviewer_binding("mike-bot"),
+        # The proposing agent's own name, in a reviewer's role: still the proposer.
+        "sales-as-manager": reviewer_binding("sales-bot"),
+        # Another agent, acting for the person the proposer acts for.
+        "sam-helper": reviewer_binding("sam-helper", acts_for="SAM"),
+        "gina": reviewer_binding("gina-bot", tenant="globex"),
+    }
+    return {
+        "store": store,
+        "configs": {
+            name: write_config(tmp_path / f"{name}.yaml", stdio=bound)
+            for name, bound in bindings.items()
+        },
+        "record": tmp_path / "record.jsonl",
+        "errlog": tmp_path / "stderr.log",
+    }
+
+
+def session(state: dict[str, Any], who: str, *extra: str) -> Any:
+    return stdio_session(
+        state["store"], state["configs"][who], state["record"], state["errlog"], extra=extra
+    )
+
+
+def facts(result: Any) -> dict[str, Any]:
+    return dict((result.meta or {})["capgate/outcome"])
+
+
+def bounded(test: Any) -> None:
+    async def run() -> None:
+        with anyio.fail_after(HANG_SECONDS):
+            await test()
+
+    anyio.run(run)
+
+
+def test_a_binding_that_reviews_approves_over_mcp_and_the_agent_sees_it_dispatched(state):
+    async def test() -> None:
+        async with session(state, "sales", "--no-worker") as sales:
+            listed = [t.name for t in (await sales.list_tools()).tools]
+            assert "capgate.proposals.status" in listed
+            assert not [n for n in listed if n.startswith("capgate.reviews.")]
+            # A tool the caller is not shown is an unknown tool, whatever its name.
+            hidden = await sales.call_tool(
+                "capgate.reviews.approve", {"proposal_id": "prop-x", "digest": "sha256:" + "0" * 64}
+            )
+            assert facts(hidden)["error"] == "unknown_tool"
+            proposed = facts(await sales.call_tool("quote.propose", QUOTE))
+            proposal_id = proposed["proposal_id"]
+            mine = facts(await sales.call_tool("capgate.proposals.status", {}))
+            assert [p["proposal_id"] for p in mine["proposals"]] == [proposal_id]
+            assert mine["proposals"][0]["status"] == "pending"
+
+        async with session(state, "maria", "--no-worker") as maria:
+            listed = [t.name for t in (await maria.list_tools()).tools]
+            assert {"capgate.reviews.pending", "capgate.reviews.show"} <= set(listed)
+            pending = facts(await maria.call_tool("capgate.reviews.pending", {}))
+            assert [p["proposal_id"] for p in pending["proposals"]] == [proposal_id]
+            shown = await maria.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            assert shown.is_error is False
+            view = shown.structured_content or {}
+            assert view["params"] == QUOTE
+            assert view["digest_matches"] is True
+            assert view["proposer"] == {
+                "agent": "sales-bot",
+                "role": "sales",
+                "tenant": "acme",
+                "acts_for": "sam",
+            }
+            digest = view["params_digest"]
+            stale = await maria.call_tool(
+                "capgate.reviews.approve",
+                {"proposal_id": proposal_id, "digest": "sha256:" + "1" * 64},
+            )
+            assert (stale.is_error, facts(stale)["error"]) == (True, "stale")
+            approved = await maria.call_tool(
+                "capgate.reviews.approve", {"proposal_id": proposal_id, "digest": digest}
+            )
+            assert approved.is_error is False, approved.content
+            assert facts(approved)["status"] == "approved"
+
+        async with session(state, "mike", "--no-worker") as mike:
+            again = await mike.call_tool(
+                "capgate.reviews.approve", {"proposal_id": proposal_id, "digest": digest}
+            )
+            assert (again.is_error, facts(again)["error"]) == (True, "already_decided")
+
+        # A server with its worker dispatches the approval; the agent sees the receipt.
+        async with session(state, "sales") as sales:
+            while True:
+                status = await sales.call_tool(
+                    "capgate.proposals.status", {"proposal_id": proposal_id}
+                )
+                seen = status.structured_content or {}
+                if seen.get("status") == "dispatched" and "outcome" in seen:
+                    break
+                await anyio.sleep(0.2)
+            assert seen["outcome"]["status"] == "success"
+            assert seen["outcome"]["receipt"]
+            assert [r["reviewer"] for r in seen["reviews"]] == ["maria-bot"]
+
+    bounded(test)
+    runs = [r["name"] for r in records(state["record"])]
+    assert runs.count("quote.record_reviewed") == 1  # the provider ran once
+    rows = [r for r in ledger(state["store"]) if r.kind == "review"]
+    assert [(r.outcome, r.detail["reviewer"]) for r in rows] == [
+        ("approved", "maria-bot"),
+        ("refused", "mike-bot"),
+    ]
+    assert rows[0].detail["reviewer_kind"] == "agent"
+    assert rows[0].detail["authenticated_by"] == "stdio"
+
+
+def test_the_proposer_and_other_tenants_cannot_review_over_mcp(state):
+    async def test() -> None:
+        async with session(state, "sales", "--no-worker") as sales:
+            proposal_id = facts(await sales.call_tool("quote.propose", QUOTE))["proposal_id"]
+        for who, code in (("sales-as-manager", "self_review"), ("sam-helper", "self_review")):
+            async with session(state, who, "--no-worker") as client:
+                view = (
+                    await client.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+                ).structured_content or {}
+                refused = await client.call_tool(
+                    "capgate.reviews.approve",
+                    {"proposal_id": proposal_id, "digest": view["params_digest"]},
+                )
+                assert refused.is_error is True
+                assert facts(refused)["reason_codes"] == [code], (who, facts(refused))
+        async with session(state, "gina", "--no-worker") as gina:
+            assert facts(await gina.call_tool("capgate.reviews.pending", {}))["proposals"] == []
+            hidden = await gina.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            assert (hidden.is_error, facts(hidden)["error"]) == (True, "unknown_proposal")
+            refused = await gina.call_tool(
+                "capgate.reviews.approve",
+                {"proposal_id": proposal_id, "digest": "sha256:" + "0" * 64},
+            )
+            assert refused.is_error is True
+            assert facts(refused)["reason_codes"] == ["tenant_mismatch"]
+            # Arguments name no identity: an attempt to say who is refused as unknown.
+            forged = await gina.call_tool(
+                "capgate.reviews.pending", {"reviewer": "maria-bot", "tenant": "acme"}
+            )
+            assert (forged.is_error, facts(forged)["error"]) == (True, "input_invalid")
+
+    bounded(test)
+    store = open_store(state["store"])
+    try:
+        with store.transaction(read_only=True) as tx:
+            (proposal,) = tx.list_proposals(tenant="acme")
+            assert proposal.status is ProposalStatus.PENDING
+            assert tx.reviews(proposal.id) == []
+    finally:
+        store.close()
+    refusals = [
+        (r.detail["reviewer"], r.reason_codes) for r in ledger(state["store"]) if r.kind == "review"
+    ]
+    assert refusals == [
+        ("sales-bot", ["self_review"]),
+        ("sam-helper", ["self_review"]),
+        ("gina-bot", ["tenant_mismatch"]),
+    ]
+
+
+def _approve_in_another_process(state: dict[str, Any], proposal_id: str) -> None:
+    """maria's binding approves, in a server of its own (no worker there)."""
+
+    async def approve() -> None:
+        async with session(state, "maria", "--no-worker") as maria:
+            view = (
+                await maria.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            ).structured_content or {}
+            result = await maria.call_tool(
+                "capgate.reviews.approve",
+                {"proposal_id": proposal_id, "digest": view["params_digest"]},
+            )
+            assert result.is_error is False, result.content
+
+    anyio.run(approve)
+
+
+async def _read(client: Any, uri: str) -> dict[str, Any]:
+    contents = (await client.read_resource(uri)).contents
+    return dict(json.loads(contents[0].text))
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_the_proposing_agent_hears_when_its_proposal_changes(state, mode):
+    """Subscribed to its proposal's resource (resources/subscribe, or a 2026-07-28
+    subscriptions/listen stream), the agent is notified as the proposal is approved
+    elsewhere and dispatched by its server's worker, and reads the outcome."""
+    updates: list[str] = []
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        nonlocal changed
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+            changed.set()
+
+    async def settled(client: Any, uri: str) -> dict[str, Any]:
+        while True:
+            seen = await _read(client, uri)
+            if seen["status"] == "dispatched" and "outcome" in seen:
+                return seen
+            await anyio.sleep(0.2)
+
+    async def test() -> None:
+        nonlocal changed
+        params = {"message_handler": on_message} if mode == "legacy" else {}
+        async with stdio_session(
+            state["store"], state["configs"]["sales"], state["record"], state["errlog"],
+            mode=mode, **params,
+        ) as sales:  # fmt: skip
+            proposal_id = facts(await sales.call_tool("quote.propose", QUOTE))["proposal_id"]
+            uri = f"capgate://proposals/{proposal_id}"
+            listed = [str(r.uri) for r in (await sales.list_resources()).resources]
+            assert listed == [uri]
+            assert (await _read(sales, uri))["status"] == "pending"
+            with pytest.raises(MCPError):  # another's proposal is no resource at all
+                await sales.read_resource("capgate://proposals/prop-someone-else")
+            if mode == "legacy":
+                # The handshake era's way (the SDK warns that 2026-07-28 removed it).
+                with pytest.warns(MCPDeprecationWarning):
+                    await sales.subscribe_resource(uri)
+                await anyio.to_thread.run_sync(_approve_in_another_process, state, proposal_id)
+                with anyio.fail_after(INNER_HANG_SECONDS):
+                    await changed.wait()
+                assert updates[0] == uri
+            else:
+                async with sales.listen(resource_subscriptions=[uri]) as stream:
+                    assert list(stream.honored.resource_subscriptions or []) == [uri]
+                    await anyio.to_thread.run_sync(_approve_in_another_process, state, proposal_id)
+                    with anyio.fail_after(INNER_HANG_SECONDS):
+                        event = await stream.__anext__()
+                    assert str(getattr(event, "uri", "")) == uri, event
+            seen = await settled(sales, uri)
+            assert seen["outcome"]["status"] == "success"
+            assert seen["outcome"]["receipt"]
+
+    bounded(test)
