@@ -24,6 +24,8 @@ that moment (:meth:`gateway.Gateway.dispatch`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,7 +53,14 @@ from capgate.cli.commands.common import (
 )
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.errors import CapabilityViolation, CapgateError, ConfigError, UnknownProposal
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    CapgateError,
+    ConfigError,
+    InvalidInput,
+    UnknownProposal,
+    quote,
+)
 from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
@@ -62,6 +71,7 @@ from capgate.gateway.state.records import (
     ReviewRecord,
     ReviewVerdict,
 )
+from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
 
 __all__ = ["register"]
@@ -75,6 +85,11 @@ _DISPATCH_NOTE: Final = (
 #: The one line ``show`` and ``approve`` print for an approved proposal.
 _NEXT: Final = (
     "an execution worker dispatches it (capgate serve's, or capgate worker), not this command"
+)
+
+_WATCH_EXITS: Final = (
+    (EXIT_OK, "stopped by SIGTERM"),
+    (EXIT_ERROR, "error: bad input, unknown tenant, store unusable"),
 )
 
 _REVIEW_EXITS: Final = (
@@ -152,6 +167,75 @@ def _list(args: argparse.Namespace) -> int:
         ],
     )
     return EXIT_OK
+
+
+# -- watch -----------------------------------------------------------------------------------
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """Print the proposals, then every change to them, until SIGTERM or Ctrl-C."""
+    from capgate.cli.service import run_until_stopped  # serve's stop handling, kept in one place
+
+    tenant = None if args.tenant is None else identifier(args.tenant, "--tenant")
+    status = None if args.status is None else ProposalStatus(args.status)
+    try:
+        interval = float(args.interval)
+    except ValueError:
+        interval = -1.0
+    if not 0.1 <= interval <= 3600:
+        raise InvalidInput(f"--interval: {quote(args.interval)} is not between 0.1 and 3600")
+
+    def watch(store: Store, stack: contextlib.ExitStack) -> int:
+        with store.transaction(read_only=True) as tx:
+            if tenant is not None:
+                require_tenant(tx, tenant)
+        # A ledger row naming a proposal wakes the watch at once on PostgreSQL; on
+        # SQLite (and while PostgreSQL's listening connection is down) it polls.
+        listener = stack.enter_context(store.listen("proposal_rows"))
+        seen: dict[str, ProposalRecord] = {}
+        first = True
+        while True:
+            with store.transaction(read_only=True) as tx:
+                now = {p.id: p for p in tx.list_proposals(tenant=tenant, status=status)}
+            for event, proposal in _changes(seen, now):
+                _print_event("now" if first else event, proposal, args.json)
+            if first and not now and not args.json:
+                print("(no proposals yet; watching)", flush=True)
+            seen, first = now, False
+            listener.wait(interval)
+
+    return run_until_stopped(args, "proposals watch", watch)
+
+
+def _changes(
+    before: dict[str, ProposalRecord], now: dict[str, ProposalRecord]
+) -> list[tuple[str, ProposalRecord]]:
+    """What changed between two looks, in the proposals' order: ``new``, a new status
+    (its name), ``updated`` (same status, other reasons), ``gone`` (out of the filter)."""
+    events: list[tuple[str, ProposalRecord]] = []
+    for proposal in now.values():
+        old = before.get(proposal.id)
+        if old is None:
+            events.append(("new", proposal))
+        elif old.status is not proposal.status:
+            events.append((proposal.status.value, proposal))
+        elif old.reason_codes != proposal.reason_codes:
+            events.append(("updated", proposal))
+    events += [("gone", p) for pid, p in before.items() if pid not in now]
+    return events
+
+
+def _print_event(event: str, p: ProposalRecord, as_json: bool) -> None:
+    if as_json:
+        line = {"event": event, "proposal": {**p.model_dump(mode="json"), "params": None}}
+        print(json.dumps(line, ensure_ascii=True, sort_keys=True), flush=True)
+        return
+    reasons = f" ({safe(', '.join(p.reason_codes))})" if p.reason_codes else ""
+    print(
+        f"{when(p.updated_at, seconds=True)}  {event:<10} {p.id}  {p.status.value}{reasons}  "
+        f"{p.tenant}  {p.tool}  by {p.proposer.agent}/{p.proposer.role}",
+        flush=True,
+    )
 
 
 # -- show ------------------------------------------------------------------------------------
@@ -362,6 +446,27 @@ def register(sub: Actions) -> None:
         help="only proposals with this status",
     )
     add_json(listing, "the proposals")
+
+    watching = add_action(
+        proposals,
+        "watch",
+        "list proposals, then print each change as it happens, until SIGTERM or Ctrl-C",
+        _watch,
+        exits=_WATCH_EXITS,
+    )
+    watching.add_argument("--tenant", metavar="TENANT", help="only this tenant's")
+    watching.add_argument(
+        "--status",
+        choices=[s.value for s in ProposalStatus],
+        help="only proposals with this status (one that leaves it shows as gone)",
+    )
+    watching.add_argument(
+        "--interval",
+        default="1",
+        metavar="SECONDS",
+        help="how often to look on SQLite (PostgreSQL is woken by each change): default 1",
+    )
+    add_json(watching, "one JSON object per line: the event and the proposal, without params")
 
     show = add_action(
         proposals,
