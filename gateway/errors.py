@@ -10,6 +10,7 @@ errors come back::
     ├── CatalogueError           catalogue_invalid       a catalogue file is wrong; nothing loaded
     ├── InvalidInput             input_invalid           bad facts or parameters; OPA not asked
     │   ├── OperationConflict    operation_conflict      an operation id reused for another call
+    │   ├── ResumeStateInvalid   resume_state_invalid    a resume state forged, used or expired
     │   └── UpstreamConfigError  upstream_config_invalid an MCP server spec capgate refuses
     ├── PolicyUnavailable        policy_unavailable      no usable decision: fail closed
     │   └── OPAProcessError      opa_process_failed      the embedded OPA could not start
@@ -24,6 +25,7 @@ errors come back::
     ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
     ├── AuthenticationFailed     authentication_failed   no known identity: nothing done
     ├── ProposalStale            stale                   a verdict on content other than the current
+    ├── NoApprovalSurface        no_approval_surface     cannot wait for a review in the request
     ├── NoticeRejected           notice_rejected         a webhook notice a receiver must not act on
     │   ├── NoticeSignatureInvalid notice_signature_invalid its signature missing, malformed, wrong
     │   ├── NoticeOutsideWindow  notice_outside_window   signed too long ago (or too far ahead)
@@ -75,11 +77,13 @@ __all__ = [
     "CatalogueError",
     "CredentialUnavailable",
     "InvalidInput",
+    "NoApprovalSurface",
     "OPAProcessError",
     "ObligationUnsupported",
     "OperationConflict",
     "PolicyUnavailable",
     "ProposalStale",
+    "ResumeStateInvalid",
     "ToolFailed",
     "ToolNotInCatalogue",
     "ToolNotRegistered",
@@ -550,6 +554,24 @@ class AuthenticationFailed(CapgateError):
     behalf. The message says which check failed, never the credential."""
 
     code: ClassVar[str] = "authentication_failed"
+
+
+class ResumeStateInvalid(InvalidInput):
+    """A reviewed call resumed with a state this server did not issue to this caller
+    for these arguments, or one that expired or was used already: nothing is proposed
+    again (``capgate.adapters.fronts.mcp.awaiting``)."""
+
+    code: ClassVar[str] = "resume_state_invalid"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the resume state is refused: {why}; nothing was proposed again")
+
+
+class NoApprovalSurface(CapgateError):
+    """A call asked to wait for its review within the request, on a connection that
+    cannot (no input-required results before MCP 2026-07-28): nothing was proposed."""
+
+    code: ClassVar[str] = "no_approval_surface"
 
 
 class ProposalStale(CapgateError):

@@ -40,6 +40,8 @@ one proposal shown         false     the listing's keys, ``params`` (untrusted d
 a verdict recorded         false     ``{"status": "approved"|"rejected", "proposal_id",
                                      "review_id", "expires_at", "decision_id"}``
 decided already            true      ``{"error": "already_decided", "reason_codes"}``
+awaited, then refused      true      ``{"error": "proposal_rejected"|"proposal_blocked",
+                                     "proposal_id", "reason_codes"}``
 decided on old content     true      ``{"error": "stale", "message"}``
 =========================  ========  ====================================================
 
@@ -63,6 +65,7 @@ from capgate.gateway.errors import (
     CapgateError,
     CredentialUnavailable,
     InvalidInput,
+    NoApprovalSurface,
     PolicyUnavailable,
     ProposalStale,
     StoreError,
@@ -85,6 +88,7 @@ __all__ = [
     "proposal_answer",
     "proposal_view_answer",
     "proposals_answer",
+    "refused_proposal_answer",
     "unknown_tool_answer",
     "verdict_answer",
 ]
@@ -256,6 +260,23 @@ def proposal_view_answer(view: ProposalView) -> Answer:
     return Answer(text, facts, error=False, result=data)
 
 
+def refused_proposal_answer(proposal: ProposalRecord) -> Answer:
+    """An awaited proposal that will not run: a reviewer rejected it, or its dispatch
+    was blocked (the reason codes say why)."""
+    rejected = proposal.status.value == "rejected"
+    facts = {
+        "error": "proposal_rejected" if rejected else "proposal_blocked",
+        "proposal_id": proposal.id,
+        "operation_id": proposal.operation_id,
+        "tool": proposal.tool,
+        "reason_codes": list(proposal.reason_codes),
+    }
+    why = "a reviewer rejected it" if rejected else "its dispatch was blocked"
+    codes = f" ({', '.join(proposal.reason_codes)})" if proposal.reason_codes else ""
+    text = f"Proposal {proposal.id} will not run: {why}{codes}. Nothing was sent."
+    return Answer(text, facts, error=True)
+
+
 def verdict_answer(review: ReviewRecord) -> Answer:
     """A verdict the review policy allowed, recorded."""
     facts = {
@@ -291,7 +312,7 @@ def error_answer(error: CapgateError) -> Answer:
         message = cut(str(error), 600)
         facts["message"] = message
         text = f"Invalid call, nothing was run: {message}"
-    elif isinstance(error, (ProposalStale, UnknownProposal)):
+    elif isinstance(error, (ProposalStale, UnknownProposal, NoApprovalSurface)):
         # Their messages name the proposal id the caller gave, nothing else.
         text = f"{cut(str(error), 300)}; nothing was recorded [{error.code}]."
     else:

@@ -160,6 +160,7 @@ def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:
         poll_seconds=config.list_changed_poll_seconds,
         max_concurrent_calls=config.max_concurrent_calls,
         max_concurrent_decisions=config.max_concurrent_decisions,
+        await_seconds=config.await_review_seconds,
     )
 
     async def serve() -> None:
@@ -184,6 +185,7 @@ def _serve_http(gateway: Gateway, config: ServeConfig, sock: socket.socket) -> i
         poll_seconds=config.list_changed_poll_seconds,
         max_concurrent_calls=config.max_concurrent_calls,
         max_concurrent_decisions=config.max_concurrent_decisions,
+        await_seconds=config.await_review_seconds,
     )
     anyio.run(serve_http, service, config, sock)
     return EXIT_OK

@@ -14,13 +14,17 @@ identity, never an argument's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from capgate.cli.main import main
@@ -28,11 +32,15 @@ from capgate.gateway.state import open_store
 from capgate.gateway.state.records import ProposalStatus
 from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
+    CAPGATE,
     LINKED,
+    ROOT,
     SALES_BOT,
     ledger,
     records,
     seed_store,
+    serve_args,
+    server_env,
     stdio_session,
     write_config,
 )
@@ -301,3 +309,137 @@ def test_the_proposing_agent_hears_when_its_proposal_changes(state, mode):
             assert seen["outcome"]["receipt"]
 
     bounded(test)
+
+
+# ------------------------------------------------------------------ awaiting the decision
+
+AWAIT = {"capgate/await_review": True}
+
+
+@contextlib.asynccontextmanager
+async def patient_session(state: dict[str, Any], who: str) -> Any:
+    """A 2026-07-28 client that drives input-required rounds for as long as the test's
+    own bound allows (the SDK's default gives up after ten)."""
+    params = StdioServerParameters(
+        command=str(CAPGATE),
+        args=serve_args(state["store"], state["configs"][who], "--stdio", "--log-level", "debug"),
+        env=server_env(state["record"]),
+        cwd=str(ROOT),
+    )
+    with state["errlog"].open("a", encoding="utf-8") as err:
+        async with Client(
+            stdio_client(params, errlog=err), mode="auto", input_required_max_rounds=100_000
+        ) as client:
+            yield client
+
+
+def _pending_proposal(state: dict[str, Any]) -> str:
+    """The id of the one pending proposal, once the store has it."""
+    store = open_store(state["store"])
+    try:
+        while True:
+            with store.transaction(read_only=True) as tx:
+                pending = tx.list_proposals(status=ProposalStatus.PENDING)
+            if pending:
+                return pending[0].id
+            time.sleep(0.1)
+    finally:
+        store.close()
+
+
+def test_a_reviewed_call_can_wait_for_its_decision_within_the_request(state):
+    """The call is proposed, answered input_required with a resume state, and the
+    client's retries wait until maria approves elsewhere and the worker dispatches:
+    the call's own answer is then the outcome, with the provider's receipt."""
+
+    async def test() -> None:
+        async with patient_session(state, "sales") as sales:
+            answer: list[Any] = []
+
+            async def call() -> None:
+                answer.append(await sales.call_tool("quote.propose", QUOTE, meta=AWAIT))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(call)
+                proposal_id = await anyio.to_thread.run_sync(_pending_proposal, state)
+                await anyio.to_thread.run_sync(_approve_in_another_process, state, proposal_id)
+            (result,) = answer
+            assert result.is_error is False, result.content
+            outcome = facts(result)
+            assert outcome["status"] == "success"
+            assert outcome["receipt"]
+
+    bounded(test)
+    runs = [r["name"] for r in records(state["record"])]
+    assert runs.count("quote.record_reviewed") == 1
+
+
+def test_a_resume_state_is_the_servers_word_for_this_caller_and_these_arguments_once(state):
+    async def test() -> None:
+        async with patient_session(state, "sales") as sales:
+            first = await sales.session.call_tool(
+                "quote.propose", QUOTE, meta=AWAIT, allow_input_required=True
+            )
+            assert isinstance(first, types.InputRequiredResult)
+            token = first.request_state
+            assert token
+            body, mac = token.split(".")
+            forged = f"{body}.{mac[:-2]}{'AA' if mac[-2:] != 'AA' else 'BB'}"
+            for bad, says in (
+                (forged, "signature does not verify"),
+                ("not-a-state", "not a resume state"),
+            ):
+                refused = await sales.session.call_tool(
+                    "quote.propose", QUOTE, request_state=bad, allow_input_required=True
+                )
+                assert isinstance(refused, types.CallToolResult)
+                assert facts(refused)["error"] == "resume_state_invalid"
+                assert says in refused.content[0].text  # type: ignore[union-attr]
+            other = await sales.session.call_tool(
+                "quote.propose", {**QUOTE, "amount_cents": 9999}, request_state=token,
+                allow_input_required=True,
+            )  # fmt: skip
+            assert isinstance(other, types.CallToolResult)
+            assert "other arguments" in other.content[0].text  # type: ignore[union-attr]
+            again = await sales.session.call_tool(
+                "quote.propose", QUOTE, request_state=token, allow_input_required=True
+            )
+            assert isinstance(again, types.InputRequiredResult)  # redeemed: waits on
+            reused = await sales.session.call_tool(
+                "quote.propose", QUOTE, request_state=token, allow_input_required=True
+            )
+            assert isinstance(reused, types.CallToolResult)
+            assert "used already" in reused.content[0].text  # type: ignore[union-attr]
+        async with patient_session(state, "maria") as maria:
+            theirs = await maria.session.call_tool(
+                "quote.propose", QUOTE, request_state=again.request_state, allow_input_required=True
+            )
+            assert isinstance(theirs, types.CallToolResult)
+            # Another caller's server is another process, whose key is not this one's
+            # (the same-process case, another binding, is in tests/unit/test_awaiting.py).
+            assert facts(theirs)["error"] == "resume_state_invalid"
+            assert "another server's" in theirs.content[0].text  # type: ignore[union-attr]
+
+    bounded(test)
+    store = open_store(state["store"])
+    try:
+        with store.transaction(read_only=True) as tx:
+            assert len(tx.list_proposals()) == 1  # no retry proposed the call again
+    finally:
+        store.close()
+
+
+def test_a_client_that_cannot_wait_is_told_so_and_nothing_is_proposed(state):
+    async def test() -> None:
+        async with session(state, "sales", "--no-worker") as sales:  # the handshake era
+            result = await sales.call_tool("quote.propose", QUOTE, meta=AWAIT)
+            assert (result.is_error, facts(result)["error"]) == (True, "no_approval_surface")
+            assert "capgate.proposals.status" in result.content[0].text  # type: ignore[union-attr]
+
+    bounded(test)
+    store = open_store(state["store"])
+    try:
+        with store.transaction(read_only=True) as tx:
+            assert tx.list_proposals() == []
+    finally:
+        store.close()

@@ -58,6 +58,7 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capgate.adapters.fronts.mcp.awaiting import DEFAULT_AWAIT_SECONDS
 from capgate.adapters.fronts.people import (
     OidcSettings,
     OperatorEntry,
@@ -171,6 +172,9 @@ class ServeConfig(_Strict):
     notices: NoticeSettings | None = None
     credentials: str = "environment"
     list_changed_poll_seconds: float = Field(default=DEFAULT_POLL_SECONDS, gt=0, le=3600)
+    #: How long one round of a reviewed call that awaits its decision waits before it
+    #: answers input_required again (MCP 2026-07-28; fronts/mcp/awaiting.py).
+    await_review_seconds: float = Field(default=DEFAULT_AWAIT_SECONDS, gt=0, le=300)
     #: Threads running tool calls (each runs a call to its end) and decisions (lists,
     #: compose polls): two pools, so slow tools cannot hold up listing.
     max_concurrent_calls: int = Field(default=32, ge=1, le=1024)
