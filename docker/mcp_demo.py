@@ -28,10 +28,14 @@ async def _demo(url: str, token: str) -> int:
         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
         Client(streamable_http_client(url, http_client=http)) as client,
     ):
-        tools = sorted(tool.name for tool in (await client.list_tools()).tools)
+        listed = sorted(tool.name for tool in (await client.list_tools()).tools)
+        # The server's own tools (capgate.proposals.status, ...) beside the catalogue's.
+        tools = [name for name in listed if not name.startswith("capgate.")]
         print(f"tools/list: {len(tools)} tools composed for this client")
         for name in tools:
             print(f"  {name}")
+        own = [name for name in listed if name.startswith("capgate.")]
+        print(f"  and the server's own: {', '.join(own) or 'none'}")
         result = await client.call_tool("contact.read", {"contact_id": "c-42"})
         print("tools/call contact.read {'contact_id': 'c-42'}:")
         print(json.dumps(result.structured_content, indent=2, sort_keys=True))

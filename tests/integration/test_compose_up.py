@@ -48,7 +48,7 @@ from capgate.gateway.opa.sidecar import PolicySidecar
 from tests.conftest import CONTAINER_MARK
 from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
 from tests.integration.containers_support import pinned_opa_version
-from tests.integration.mcp_server_support import http_session, listed_names
+from tests.integration.mcp_server_support import http_session
 
 pytestmark = pytest.mark.integration
 
@@ -140,6 +140,12 @@ def decision_events(logs: str) -> list[dict[str, Any]]:
     return events
 
 
+def expected_listed(visible: list[str]) -> list[str]:
+    """What tools/list shows the binding: the composed set and the server's own tools
+    (capgate.proposals.status for every caller), sorted as ``listed`` sorts."""
+    return sorted([*visible, "capgate.proposals.status"])
+
+
 def expected_visible(deploy: Path, tmp_path: Path) -> list[str]:
     """What an embedded OPA composes for the binding, over a copy of the store."""
     config = load_config(deploy / "gateway" / "serve.yaml")
@@ -150,8 +156,7 @@ def expected_visible(deploy: Path, tmp_path: Path) -> list[str]:
     try:
         with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
             gateway = Gateway(catalogue, sidecar.client, ToolRegistry(SalesDesk().tools()), store)
-            # tools/list also shows the server's own tools (capgate.*), sorted in here.
-            return sorted(listed_names(gateway, config.http[0]))
+            return sorted(gateway.compose(config.http[0].request).visible)
     finally:
         store.close()
 
@@ -233,7 +238,7 @@ def test_docker_compose_up_and_the_demo_work_as_the_page_says(
         # The official MCP client, with the deployment's client token: the same set.
         client_token = (deploy / "gateway" / "mcp-token").read_text().strip()
         opa_token = (deploy / "gateway" / "opa-token").read_text().strip()
-        assert listed(client_token) == visible
+        assert listed(client_token) == expected_listed(visible)
 
         # The OPA container: healthy with its bundle; writes refused to anyone.
         with httpx.Client(base_url=OPA, trust_env=False, timeout=ANSWER_TIMEOUT) as http:
@@ -247,7 +252,7 @@ def test_docker_compose_up_and_the_demo_work_as_the_page_says(
                     answer = http.put(path, content=body, headers=headers)
                     assert answer.status_code == 401, (path, headers.keys(), answer.text)
                     assert answer.json()["code"] == "unauthorized"
-        assert listed(client_token) == visible
+        assert listed(client_token) == expected_listed(visible)
 
         # OPA's decision log: masked, with the decision ids of the gateway's ledger.
         events = decision_events(compose_logs(session, env | owner, "opa"))
