@@ -26,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from pydantic import TypeAdapter, ValidationError
+
 from capgate.gateway.digest import params_digest
 from capgate.gateway.errors import CapgateError, InvalidInput, ProposalStale, UnknownProposal, quote
-from capgate.gateway.model.facts import Principal, Reviewer
+from capgate.gateway.model.facts import Identifier, Principal, Reviewer
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state.records import (
     OperationRecord,
@@ -40,6 +42,7 @@ from capgate.gateway.state.records import (
 
 __all__ = ["MAX_LISTED", "ProposalView", "ReviewDesk"]
 
+_IDENTIFIER: Final = TypeAdapter(Identifier)
 #: The most proposals one listing returns (the oldest pending first; an agent's
 #: newest first).
 MAX_LISTED: Final = 50
@@ -143,11 +146,8 @@ def _is_current(proposal: ProposalRecord, digest: str) -> bool:
 
 
 def _checked_id(proposal_id: object) -> str:
-    if (
-        not isinstance(proposal_id, str)
-        or not 1 <= len(proposal_id) <= 128
-        or not proposal_id.isascii()
-        or not all(c.isalnum() or c in "_.:/-" for c in proposal_id)
-    ):
-        raise InvalidInput(f"proposal_id: {quote(proposal_id, 40)} is not a proposal id")
-    return proposal_id
+    """The id as the store's identifiers are checked (the one Identifier rule)."""
+    try:
+        return str(_IDENTIFIER.validate_python(proposal_id))
+    except ValidationError:
+        raise InvalidInput(f"proposal_id: {quote(proposal_id, 40)} is not a proposal id") from None
