@@ -16,8 +16,10 @@
 #     3. .tools/wheelhouse: wheels of capgate's runtime dependencies, so that
 #      tests/integration/test_packaging.py can install the built wheel offline;
 #   4. the system programs the integration tests start for real: the PostgreSQL
-#      server binaries, the Docker engine with docker-compose, and debootstrap
-#      (installed from Debian's packages when missing and run as root);
+#      server binaries, the Docker engine with docker-compose, debootstrap, and
+#      Chromium, which the browser tests' Playwright (dev extra) drives headless as
+#      /usr/bin/chromium, never downloading a browser of its own (all installed from
+#      Debian's packages when missing, as root);
 #   5. the real MCP servers the upstream tests run as peers, at the versions pinned in
 #      scripts/versions.env, in .tools/mcp-peers (npm packages with `npm install
 #      --prefix`, PyPI packages in their own venv .tools/mcp-peers/venv);
@@ -139,6 +141,9 @@ venv_defect() {
 # shellcheck disable=SC2317 # called indirectly, by run_step
 install_venv() { # python, venv, extras
   local python="$1" venv="$2" extras="$3"
+  # The dev extra's playwright drives Debian's chromium (step 4): never its own build,
+  # which could not be downloaded here anyway.
+  export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --progress-bar off --upgrade pip
   "$venv/bin/python" -m pip install --progress-bar off -e ".[$extras]"
@@ -289,6 +294,11 @@ has_docker() {
 need_program "Docker engine and docker-compose" "docker.io docker-compose" has_docker
 has_debootstrap() { command -v debootstrap >/dev/null; }
 need_program "debootstrap" debootstrap has_debootstrap
+
+# Chromium for the browser tests (tests/integration/browser.py), driven headless by
+# Playwright from the dev extra; Debian's package installs /usr/bin/chromium.
+has_chromium() { command -v chromium >/dev/null; }
+need_program "Chromium" chromium has_chromium
 
 # 5. MCP peers: servers nobody here wrote, from the registries, run offline by the tests.
 # The stamp holds the pins they were installed at; it lands only after both installs

@@ -453,6 +453,7 @@ def test_a_second_setup_changes_nothing(built_tools: None) -> None:
         "setup: PostgreSQL server binaries present",
         "setup: Docker engine and docker-compose present",
         "setup: debootstrap present",
+        "setup: Chromium present",
         "setup: MCP peers are up to date",
         "setup: MCP Inspector CLIs are up to date",
     ]
