@@ -302,6 +302,14 @@ def _version_6(d: Dialect) -> list[str]:
     ]
 
 
+def _version_7(d: Dialect) -> list[str]:
+    """A reviewer's comment beside the verdict: free text for people, checked by the
+    store's record (:mod:`capgate.gateway.model.comments`) and never sent to OPA.
+    Reviews given before this version have none (NULL)."""
+    del d
+    return ["ALTER TABLE reviews ADD COLUMN comment TEXT"]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -312,6 +320,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               "unsettled twins", _version_4),
     Migration(5, "the dispatch queue of the execution workers", _version_5),
     Migration(6, "webhook notices: cursors, deliveries and attempts", _version_6),
+    Migration(7, "reviews.comment, what a reviewer wrote beside the verdict", _version_7),
 )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Final
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.model.comments import ReviewComment
 from capgate.gateway.model.contracts import UpstreamToolName
 from capgate.gateway.model.facts import ConnectionStatus, Identifier, Principal, Reviewer
 
@@ -175,6 +176,9 @@ class ReviewRecord(_Record):
     consumed_at: AwareDatetime | None = None
     decision_id: str | None
     created_at: AwareDatetime
+    #: What the reviewer wrote beside the verdict, for people (never sent to OPA, never
+    #: logged): :data:`~capgate.gateway.model.comments.ReviewComment`'s rule.
+    comment: ReviewComment = None
 
 
 class DispatchStatus(StrEnum):

@@ -71,7 +71,7 @@ __all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
 #: claim given back); ``proposal_rows``, a ledger row naming a proposal appended (what

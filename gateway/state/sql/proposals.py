@@ -41,7 +41,7 @@ _PROPOSAL_COLUMNS: Final = (
 )
 _REVIEW_COLUMNS: Final = (
     "id, proposal_id, reviewer, verdict, kind, tenant, tool, operation_id, digest, "
-    "expires_at, consumed_at, decision_id, created_at"
+    "expires_at, consumed_at, decision_id, created_at, comment"
 )
 
 
@@ -190,7 +190,7 @@ class ProposalsTx(TxCore):
         inserted = self._run(
             f"INSERT INTO reviews ({_REVIEW_COLUMNS}) VALUES (:id, :proposal_id, :reviewer, "
             ":verdict, :kind, :tenant, :tool, :operation_id, :digest, :expires_at, "
-            ":consumed_at, :decision_id, :created_at) ON CONFLICT DO NOTHING",
+            ":consumed_at, :decision_id, :created_at, :comment) ON CONFLICT DO NOTHING",
             {
                 "id": record.id,
                 "proposal_id": record.proposal_id,
@@ -205,6 +205,7 @@ class ProposalsTx(TxCore):
                 "consumed_at": None if record.consumed_at is None else to_text(record.consumed_at),
                 "decision_id": record.decision_id,
                 "created_at": to_text(record.created_at),
+                "comment": record.comment,
             },
         )
         if inserted != 1:
