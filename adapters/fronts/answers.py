@@ -35,7 +35,8 @@ no decision (fail closed)  true      ``{"error": "policy_unavailable", "message"
 proposals listed           false     ``{"proposals": [{"proposal_id", "tool", "status",
                                      "params_digest", "proposer", "created_at", ...}]}``
 one proposal shown         false     the listing's keys, ``params`` (untrusted data: an
-                                     agent wrote it), ``digest_matches``, ``reviews``,
+                                     agent wrote it), ``digest_matches``, ``reviews``
+                                     (each with the reviewer's ``comment`` or null),
                                      ``outcome`` once dispatched
 a verdict recorded         false     ``{"status": "approved"|"rejected", "proposal_id",
                                      "review_id", "expires_at", "decision_id"}``
@@ -240,6 +241,8 @@ def proposal_view_answer(view: ProposalView) -> Answer:
             "at": r.created_at.isoformat(),
             "expires_at": r.expires_at.isoformat(),
             "used": r.consumed_at is not None,
+            # The reviewer's own words, for people: shown back, never a fact that grants.
+            "comment": r.comment,
         }
         for r in view.reviews
     ]

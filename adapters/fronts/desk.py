@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from capgate.gateway.digest import params_digest
 from capgate.gateway.errors import CapgateError, InvalidInput, ProposalStale, UnknownProposal, quote
+from capgate.gateway.model.comments import review_comment
 from capgate.gateway.model.facts import Identifier, Principal, Reviewer
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state.records import (
@@ -80,7 +81,13 @@ class ReviewDesk:
         return self._view(_checked_id(proposal_id), tenant=reviewer.tenant, agent=None)
 
     def decide(
-        self, reviewer: Reviewer, proposal_id: str, verdict: ReviewVerdict | str, *, digest: str
+        self,
+        reviewer: Reviewer,
+        proposal_id: str,
+        verdict: ReviewVerdict | str,
+        *,
+        digest: str,
+        comment: str | None = None,
     ) -> ReviewRecord:
         """Approve or reject the proposal whose content hashes to ``digest``.
 
@@ -88,18 +95,21 @@ class ReviewDesk:
         else :meth:`Gateway.review`'s answer: CapabilityViolation for a refusal
         (recorded), ``proposal_not_pending`` among its codes when it was decided
         already. Another tenant's proposal is asked of the policy like any other, so
-        the attempt is refused (``tenant_mismatch``) and recorded.
+        the attempt is refused (``tenant_mismatch``) and recorded. ``comment`` is kept
+        with the verdict (InvalidInput naming ``comment`` for one that breaks the
+        rule of :mod:`capgate.gateway.model.comments`, before anything is read).
         """
         proposal_id = _checked_id(proposal_id)
         if not isinstance(digest, str) or not digest:
             raise InvalidInput("digest: give the digest of the content you were shown")
+        comment = review_comment(comment)
         with self.gateway.store.transaction(read_only=True) as tx:
             proposal = tx.get_proposal(proposal_id)
         if proposal is None:
             raise UnknownProposal(proposal_id)
         if proposal.tenant == reviewer.tenant and not _is_current(proposal, digest):
             raise ProposalStale(proposal.id)
-        return self.gateway.review(proposal.id, reviewer, verdict)
+        return self.gateway.review(proposal.id, reviewer, verdict, comment=comment)
 
     # -- agents ------------------------------------------------------------------------------
 

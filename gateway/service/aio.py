@@ -94,10 +94,17 @@ class AsyncGateway:
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,
+        comment: str | None = None,
     ) -> ReviewRecord:
         """:meth:`Gateway.review`, awaited."""
         return await self._run(
-            self._decisions, self.gateway.review, proposal_id, reviewer, verdict, ttl=ttl
+            self._decisions,
+            self.gateway.review,
+            proposal_id,
+            reviewer,
+            verdict,
+            ttl=ttl,
+            comment=comment,
         )
 
     async def dispatch(self, proposal_id: str) -> Outcome:

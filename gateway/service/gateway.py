@@ -249,6 +249,7 @@ class Gateway:
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,
+        comment: str | None = None,
     ) -> ReviewRecord:
         """A reviewer approves or rejects a pending proposal, if OPA says they may.
 
@@ -257,9 +258,11 @@ class Gateway:
         never a name a request carries. Raises UnknownProposal, CapabilityViolation
         (the review policy's reasons, e.g. self_review or reviewer_not_permitted) or
         PolicyUnavailable; an approval binds the proposal's digest, operation and
-        tenant and expires after ``ttl``.
+        tenant and expires after ``ttl``. ``comment``, the reviewer's own words, is
+        kept with the review and shown back, never sent to OPA
+        (:mod:`capgate.gateway.model.comments`: InvalidInput before OPA is asked).
         """
-        return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl)
+        return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl, comment=comment)
 
     def dispatch(self, proposal_id: str) -> Outcome:
         """Run a reviewed proposal, asking OPA first with the facts as they are now.

@@ -30,6 +30,7 @@ from capgate.gateway.errors import (
     UnknownProposal,
     quote,
 )
+from capgate.gateway.model.comments import review_comment
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason, ReviewDecision
 from capgate.gateway.model.facts import Approval, Reviewer, ReviewInput
@@ -187,6 +188,7 @@ class Proposals:
         verdict: ReviewVerdict | str,
         *,
         ttl: timedelta | None = None,
+        comment: str | None = None,
     ) -> ReviewRecord:
         """A reviewer approves or rejects a pending proposal, if OPA says they may.
 
@@ -196,6 +198,11 @@ class Proposals:
         approval binds the proposal's digest, operation and tenant and expires after
         ``ttl``. Every verdict, given or refused, is a ledger row naming the
         reviewer's id and how they were authenticated.
+
+        ``comment`` is kept with the review for people (the rule of
+        :mod:`capgate.gateway.model.comments`; a bad one is InvalidInput before OPA
+        is asked). OPA is not shown it, the log does not name it, and the ledger
+        row says only whether there was one (``commented``).
         """
         if not isinstance(reviewer, Reviewer):
             raise InvalidInput(
@@ -216,6 +223,7 @@ class Proposals:
                 f"an approval's time to live must be positive and at most "
                 f"{MAX_APPROVAL_TTL.days} days"
             )
+        comment = review_comment(comment)
         proposal = read_proposal(self.store, proposal_id)
         facts = ReviewInput.model_validate(
             {
@@ -241,7 +249,7 @@ class Proposals:
             proposal_id=proposal.id,
             decision_id=decision.decision_id,
             policy_revision=policy_revision(decision.bundle_revisions),
-            detail=reviewer_detail(reviewer),
+            detail={**reviewer_detail(reviewer), "commented": comment is not None},
         )
         if not decision.allow or decision.reasons:
             append(
@@ -258,7 +266,7 @@ class Proposals:
         contract = self.catalogue.tools.get(proposal.tool)
         kind = contract.approval.value if contract is not None else "none"
         try:
-            record = self._record(proposal, reviewer, verdict, kind, ttl, decision, row)
+            record = self._record(proposal, reviewer, verdict, kind, ttl, decision, row, comment)
         except _Lost:
             # Another review got there first: this one was decided on stale facts. It is
             # recorded like any refusal, then refused.
@@ -295,6 +303,7 @@ class Proposals:
         ttl: timedelta,
         decision: ReviewDecision,
         row: LedgerEntry,
+        comment: str | None,
     ) -> ReviewRecord:
         """In one transaction: the review, the proposal's new status, the ledger row;
         _Lost if the proposal is no longer pending."""
@@ -316,6 +325,7 @@ class Proposals:
                     expires_at=tx.now + ttl,
                     decision_id=decision.decision_id,
                     created_at=tx.now,
+                    comment=comment,
                 )
             )
             status = (

@@ -232,6 +232,54 @@ def test_the_proposer_and_other_tenants_cannot_review_over_mcp(state):
     ]
 
 
+COMMENT = "Amount checked with the customer.\n\tFine to send: maria-7f3a"
+
+
+def test_a_comment_given_with_an_mcp_verdict_is_shown_with_the_proposal(state):
+    """maria's binding approves with a comment; capgate.reviews.show and the agent's
+    capgate.proposals.status show it back; a bad comment is refused and decides nothing;
+    the ledger says only that there was one, the server's log never has it."""
+
+    async def test() -> None:
+        async with session(state, "sales", "--no-worker") as sales:
+            proposal_id = facts(await sales.call_tool("quote.propose", QUOTE))["proposal_id"]
+        async with session(state, "maria", "--no-worker") as maria:
+            tools = {t.name: t for t in (await maria.list_tools()).tools}
+            for name in ("capgate.reviews.approve", "capgate.reviews.reject"):
+                schema = tools[name].input_schema
+                assert schema["properties"]["comment"]["type"] == "string"
+                assert "comment" not in schema["required"]
+            shown = await maria.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            digest = (shown.structured_content or {})["params_digest"]
+            verdict = {"proposal_id": proposal_id, "digest": digest}
+            bad = await maria.call_tool(
+                "capgate.reviews.approve", {**verdict, "comment": "x" * 2001}
+            )
+            assert (bad.is_error, facts(bad)["error"]) == (True, "input_invalid")
+            assert facts(bad)["message"].startswith("comment: must be at most 2000")
+            approved = await maria.call_tool(
+                "capgate.reviews.approve", {**verdict, "comment": f"  {COMMENT}\n"}
+            )
+            assert approved.is_error is False, approved.content
+            view = (
+                await maria.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            ).structured_content or {}
+            assert [(r["reviewer"], r["verdict"], r["comment"]) for r in view["reviews"]] == [
+                ("maria-bot", "approved", COMMENT)
+            ]
+        async with session(state, "sales", "--no-worker") as sales:
+            status = await sales.call_tool("capgate.proposals.status", {"proposal_id": proposal_id})
+            assert [r["comment"] for r in (status.structured_content or {})["reviews"]] == [COMMENT]
+
+    bounded(test)
+    rows = [r for r in ledger(state["store"]) if r.kind == "review"]
+    assert [(r.outcome, r.detail["commented"]) for r in rows] == [("approved", True)]
+    assert not any("maria-7f3a" in json.dumps(r.model_dump(mode="json")) for r in rows)
+    logged = state["errlog"].read_text(encoding="utf-8")
+    assert "review proposal=" in logged  # the verdict was logged, its comment not
+    assert "maria-7f3a" not in logged
+
+
 def _approve_in_another_process(state: dict[str, Any], proposal_id: str) -> None:
     """maria's binding approves, in a server of its own (no worker there)."""
 

@@ -14,7 +14,8 @@ catalogue tool of that prefix):
                                digest, proposer, reviews
 ``capgate.reviews.approve``    ... a verdict on the content it was shown, named by
 ``capgate.reviews.reject``     its digest: ``stale`` when that is not the content
-                               now, ``already_decided`` when someone decided first
+                               now, ``already_decided`` when someone decided first;
+                               an optional ``comment`` is kept with the verdict
 =============================  ===================================================
 
 The reviewer is the caller's own binding, as the review policy sees it
@@ -43,6 +44,7 @@ from capgate.adapters.fronts.answers import (
 )
 from capgate.adapters.fronts.desk import ReviewDesk
 from capgate.gateway.errors import CapgateError, InvalidInput, quote
+from capgate.gateway.model.comments import MAX_COMMENT_CHARS
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import Principal, Reviewer
 from capgate.gateway.service.requests import AgentRequest
@@ -77,6 +79,13 @@ _DIGEST: Final = {
     "type": "string",
     "pattern": "^sha256:[0-9a-f]{64}$",
     "description": "the params_digest of the proposal as capgate.reviews.show showed it",
+}
+_COMMENT: Final = {
+    "type": "string",
+    "maxLength": MAX_COMMENT_CHARS,
+    "description": "optional: why, in your words, kept with the verdict and shown with the "
+    "proposal's reviews (not seen by the review policy); newlines and tabs are kept, other "
+    "control characters are refused",
 }
 
 
@@ -125,14 +134,15 @@ _REVIEW_TOOLS: Final = (
         APPROVE,
         "Approve a pending proposal, as yourself, if the review policy lets you. Name the "
         "digest of the content you were shown: a proposal whose content is not that is "
-        "refused as stale.",
-        {"proposal_id": _ID, "digest": _DIGEST},
+        "refused as stale. A comment, if you give one, is kept with your verdict.",
+        {"proposal_id": _ID, "digest": _DIGEST, "comment": _COMMENT},
         ["proposal_id", "digest"],
     ),
     _tool(
         REJECT,
-        "Reject a pending proposal, as yourself, on the same terms as approving it.",
-        {"proposal_id": _ID, "digest": _DIGEST},
+        "Reject a pending proposal, as yourself, on the same terms as approving it (saying "
+        "why in a comment helps the agent and the people after you).",
+        {"proposal_id": _ID, "digest": _DIGEST, "comment": _COMMENT},
         ["proposal_id", "digest"],
     ),
 )
@@ -183,8 +193,12 @@ def _answer(
         (proposal_id,) = _arguments(arguments, required=("proposal_id",), optional=())
         return proposal_view_answer(desk.show(reviewer, proposal_id))
     verdict = ReviewVerdict.APPROVED if name == APPROVE else ReviewVerdict.REJECTED
-    proposal_id, digest = _arguments(arguments, required=("proposal_id", "digest"), optional=())
-    return verdict_answer(desk.decide(reviewer, proposal_id, verdict, digest=digest))
+    proposal_id, digest, comment = _arguments(
+        arguments, required=("proposal_id", "digest"), optional=("comment",)
+    )
+    return verdict_answer(
+        desk.decide(reviewer, proposal_id, verdict, digest=digest, comment=comment)
+    )
 
 
 def _arguments(
