@@ -771,6 +771,43 @@ def test_a_rejection_is_final(world, capsys):
     assert world.desk.mailbox == {}
 
 
+def test_a_comment_is_kept_with_the_verdict_and_shown(world, capsys):
+    approved, rejected = world.propose(), world.propose(subject="Another quote")
+    words = "Checked with Ada.\n\tSend it today."
+    code, out, err = cli(
+        capsys, "proposals", "approve", approved.id, *MANAGER, "--comment", f" {words} ",
+        *world.review,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert "  comment:   Checked with Ada.\n" in out
+    assert "             \\tSend it today.\n" in out  # each line shown, terminal-safe
+    code, out, err = cli(
+        capsys, "proposals", "reject", rejected.id, *MANAGER, "--comment", "wrong recipient",
+        "--json", *world.review,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert json.loads(out)["review"]["comment"] == "wrong recipient"
+    with world.store.transaction(read_only=True) as tx:
+        assert [r.comment for r in tx.reviews(approved.id)] == [words]
+        assert [r.comment for r in tx.reviews(rejected.id)] == ["wrong recipient"]
+    _, out, _ = cli(capsys, "proposals", "show", approved.id, *world.store_option)
+    assert "      comment: Checked with Ada.\n" in out
+    _, out, _ = cli(capsys, "proposals", "show", approved.id, "--json", *world.store_option)
+    assert [r["comment"] for r in json.loads(out)["reviews"]] == [words]
+    rows = [r for r in world.store.ledger() if r.kind == "review"]
+    assert [(r.proposal_id, r.detail["commented"]) for r in rows] == [
+        (approved.id, True),
+        (rejected.id, True),
+    ]
+    assert not any("Ada" in json.dumps(r.model_dump(mode="json")) for r in rows)
+    # Without --comment, there is none.
+    plain = world.propose(subject="A third quote")
+    assert cli(capsys, "proposals", "approve", plain.id, *MANAGER, *world.review)[0] == EXIT_OK
+    with world.store.transaction(read_only=True) as tx:
+        assert [r.comment for r in tx.reviews(plain.id)] == [None]
+    assert world.store.ledger()[-1].detail["commented"] is False
+
+
 def _assert_only_a_refusal_was_added(world: World, before: dict[str, Any], code: str) -> None:
     after = world.snapshot()
     assert after["proposals"] == before["proposals"]  # status, reviews: unchanged
@@ -885,6 +922,16 @@ def test_an_approval_expires_and_is_not_given_twice(world, capsys):
         (["{id}", *MANAGER, "--ttl", "31d"], "input_invalid", "--ttl: '31d' is not between"),
         (["{id}", *MANAGER, "--ttl", "forever"], "input_invalid", "--ttl: 'forever'"),
         (["{id}", *MANAGER, "--ttl", ""], "input_invalid", "--ttl: ''"),
+        (
+            ["{id}", *MANAGER, "--comment", "x" * 2001],
+            "input_invalid",
+            "comment: must be at most 2000 characters",
+        ),
+        (
+            ["{id}", *MANAGER, "--comment", "bell \x07"],
+            "input_invalid",
+            "comment: must have no control characters but newline and tab",
+        ),
     ],
 )
 def test_review_input_errors_exit_2_and_write_nothing(

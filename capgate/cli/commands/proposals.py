@@ -3,7 +3,8 @@
 ``show`` prints a proposal exactly as it will be dispatched: every parameter as
 JSON (terminal-safe, see :mod:`capgate.cli.commands.common`), the digest an approval
 binds (checked against the parameters shown), the operation id, the proposer, the
-status and its reasons, every review, and the operation's outcome once dispatched.
+status and its reasons, every review (with its reviewer's comment), and the
+operation's outcome once dispatched.
 
 ``approve`` and ``reject`` go through :meth:`gateway.Gateway.review`: OPA's review
 policy (``capgate.review``) decides whether this reviewer may give this verdict, and
@@ -12,7 +13,8 @@ reviews is never an argument: the command acts as the operator the service's
 configuration (``--config``, or ``$CAPGATE_CONFIG``) binds to the OS user running
 it, and the ledger records the review as that operator's, ``os-user:<name>``
 (:mod:`capgate.adapters.fronts.people`). Reviewers who log in elsewhere are
-authenticated by the front they use.
+authenticated by the front they use. ``--comment TEXT`` keeps the reviewer's words
+with the verdict (:mod:`capgate.gateway.model.comments`; OPA is not shown them).
 
 There is no ``dispatch`` command: dispatching runs the tool, so it belongs to the
 process that holds the tool adapters and the credentials, an execution worker
@@ -61,6 +63,7 @@ from capgate.gateway.errors import (
     UnknownProposal,
     quote,
 )
+from capgate.gateway.model.comments import MAX_COMMENT_CHARS, review_comment
 from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
@@ -264,6 +267,16 @@ def _review_line(review: ReviewRecord, now: datetime) -> str:
     return line + f"; decision {review.decision_id or '-'}"
 
 
+def _comment_lines(comment: str | None, label: str) -> list[str]:
+    """A reviewer's comment, one printed line per line of it, terminal-safe (a tab
+    shows as ``\\t``); nothing when there is none."""
+    if comment is None:
+        return []
+    first, *rest = comment.split("\n")
+    pad = " " * len(label)
+    return [f"{label}{safe(first)}", *(f"{pad}{safe(line)}" for line in rest)]
+
+
 def _show(args: argparse.Namespace) -> int:
     proposal_id = identifier(args.proposal, "PROPOSAL")
     proposal, reviews, operation, twins = _load(args, proposal_id)
@@ -320,6 +333,8 @@ def _show(args: argparse.Namespace) -> int:
     print("  reviews:" + ("" if reviews else " (none)"))
     for review in reviews:
         print(f"    {_review_line(review, now)}")
+        for line in _comment_lines(review.comment, "      comment: "):
+            print(line)
     if operation is not None:
         outcome: dict[str, Any] = operation.outcome or {}
         status = outcome.get("status", operation.status.value)
@@ -352,6 +367,7 @@ def _operator(args: argparse.Namespace) -> Reviewer:
 
 def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
     proposal_id = identifier(args.proposal, "PROPOSAL")
+    comment = review_comment(args.comment)  # checked before anything is read or asked
     reviewer = _operator(args)
     lifetime = ttl(args.ttl) if getattr(args, "ttl", None) is not None else None
     catalogue = load_catalogue(args.catalogue)
@@ -366,7 +382,9 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
         with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
             gateway = Gateway(catalogue, sidecar.client, ToolRegistry(), store)
             try:
-                review = gateway.review(proposal_id, reviewer, verdict, ttl=lifetime)
+                review = gateway.review(
+                    proposal_id, reviewer, verdict, ttl=lifetime, comment=comment
+                )
             except CapabilityViolation as refusal:
                 return _refused(args, proposal, reviewer, verdict, refusal)
     digest = compile_catalogue(catalogue)["meta"]["digest"]
@@ -376,6 +394,8 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
     print(f"{verdict.value} {proposal_id} ({proposal.tool}): review {review.id}")
     print(f"  reviewer:  {_named(reviewer)}")
     print(f"  decision:  {review.decision_id or '-'} (catalogue {digest})")
+    for line in _comment_lines(review.comment, "  comment:   "):
+        print(line)
     if verdict is ReviewVerdict.APPROVED:
         print(
             f"  binds:     digest {review.digest}, operation {review.operation_id}, "
@@ -506,6 +526,13 @@ def register(sub: Actions) -> None:
                 help="how long the approval stays good for its one dispatch: 30m, 1h, 2d "
                 "(default: the gateway's, 24h; at most 30d)",
             )
+        action.add_argument(
+            "--comment",
+            metavar="TEXT",
+            help="why, in your words: kept with the verdict and shown with the proposal's "
+            f"reviews (at most {MAX_COMMENT_CHARS} characters; newlines and tabs, no other "
+            "control characters; the review policy is not shown it)",
+        )
         action.add_argument(
             "--catalogue",
             type=Path,
