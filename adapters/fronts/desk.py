@@ -34,6 +34,7 @@ from capgate.gateway.model.comments import review_comment
 from capgate.gateway.model.facts import Identifier, Principal, Reviewer
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state.records import (
+    ConnectionRecord,
     OperationRecord,
     ProposalRecord,
     ProposalStatus,
@@ -59,6 +60,11 @@ class ProposalView:
     reviews: list[ReviewRecord]
     #: The operation that carries it, once dispatched (its outcome, receipt, attempts).
     operation: OperationRecord | None
+    #: The tenant connection the tool acts through, as it stands now (``None`` for a
+    #: tool that acts through none, or an alias the tenant does not have): a reviewer
+    #: sees whether the facts the proposal was made under still hold.
+    connection_alias: str | None = None
+    connection: ConnectionRecord | None = None
 
 
 class ReviewDesk:
@@ -75,6 +81,15 @@ class ReviewDesk:
         with self.gateway.store.transaction(read_only=True) as tx:
             pending = tx.list_proposals(tenant=reviewer.tenant, status=ProposalStatus.PENDING)
         return pending[:MAX_LISTED]
+
+    def history(self, reviewer: Reviewer, limit: int = MAX_LISTED) -> list[ProposalRecord]:
+        """The reviewer's tenant's decided proposals (every state but pending), the most
+        recently changed first."""
+        with self.gateway.store.transaction(read_only=True) as tx:
+            proposals = tx.list_proposals(tenant=reviewer.tenant)
+        decided = [p for p in proposals if p.status is not ProposalStatus.PENDING]
+        decided.sort(key=lambda p: p.updated_at, reverse=True)
+        return decided[:limit]
 
     def show(self, reviewer: Reviewer, proposal_id: str) -> ProposalView:
         """One proposal of the reviewer's tenant; UnknownProposal for any other."""
@@ -138,11 +153,16 @@ class ReviewDesk:
                 raise UnknownProposal(proposal_id)
             reviews = tx.reviews(proposal.id)
             operation = tx.get_operation(proposal.tenant, proposal.operation_id)
+            contract = self.gateway.catalogue.tools.get(proposal.tool)
+            alias = contract.connection_alias if contract is not None else None
+            connection = tx.connections(proposal.tenant).get(alias) if alias else None
         return ProposalView(
             proposal=proposal,
             digest_matches=_is_current(proposal, proposal.params_digest),
             reviews=reviews,
             operation=operation if proposal.status is ProposalStatus.DISPATCHED else None,
+            connection_alias=alias,
+            connection=connection,
         )
 
 

@@ -137,6 +137,11 @@ class Gateway:
         #: Renews the leases of the operations this gateway runs.
         self._leases = self._operations.leases
 
+    @property
+    def approval_ttl(self) -> timedelta:
+        """How long an approval given now stays usable (reviewers are shown it)."""
+        return self._proposals.approval_ttl
+
     # -- the facts and what an agent may see ---------------------------------------------
 
     def compose_facts(self, request: AgentRequest) -> ComposeInput:
