@@ -24,6 +24,9 @@ errors come back::
     ├── UpstreamUnavailable      upstream_unavailable    an MCP server could not be reached
     ├── ConfigError              serve_config_invalid    capgate serve's configuration file is wrong
     ├── AuthenticationFailed     authentication_failed   no known identity: nothing done
+    │   └── LoginLimited         login_limited           too many failed logins: wait, then retry
+    ├── RequestForged            request_forged          a browser request without its CSRF token,
+    │                                                    or from another origin or host
     ├── ProposalStale            stale                   a verdict on content other than the current
     ├── NoApprovalSurface        no_approval_surface     cannot wait for a review in the request
     ├── NoticeRejected           notice_rejected         a webhook notice a receiver must not act on
@@ -554,6 +557,25 @@ class AuthenticationFailed(CapgateError):
     behalf. The message says which check failed, never the credential."""
 
     code: ClassVar[str] = "authentication_failed"
+
+
+class LoginLimited(AuthenticationFailed):
+    """Too many failed logins from one address (or in all) within the window: the
+    credential was not even checked. ``retry_after`` says how many seconds to wait."""
+
+    code: ClassVar[str] = "login_limited"
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many failed logins; try again in {retry_after} seconds")
+        self.retry_after = retry_after
+
+
+class RequestForged(CapgateError):
+    """A browser request the review inbox will not act on: a state change without the
+    session's CSRF token, sent from another origin or site, or for a host name the
+    inbox does not serve (DNS rebinding). Nothing was changed."""
+
+    code: ClassVar[str] = "request_forged"
 
 
 class ResumeStateInvalid(InvalidInput):
