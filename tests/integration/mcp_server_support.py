@@ -257,9 +257,12 @@ def write_config(
     http: Mapping[str, tuple[str, dict[str, Any]]] | None = None,
     poll: float = 0.2,
     upstreams: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A configuration file (0600). ``http`` maps a binding name to (token, binding)."""
+    """A configuration file (0600). ``http`` maps a binding name to (token, binding);
+    ``extra``: more top-level sections (``people``, ``inbox``, ...)."""
     document: dict[str, Any] = {"tools": ENTRY_POINT, "list_changed_poll_seconds": poll}
+    document.update(extra or {})
     if upstreams is not None:
         document["upstreams"] = upstreams
     if stdio is not None:

@@ -58,6 +58,7 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capgate.adapters.fronts.inbox.settings import InboxSettings
 from capgate.adapters.fronts.mcp.awaiting import DEFAULT_AWAIT_SECONDS
 from capgate.adapters.fronts.people import (
     OidcSettings,
@@ -186,6 +187,8 @@ class ServeConfig(_Strict):
     people: list[PersonEntry] = Field(default_factory=list)
     oidc: OidcSettings | None = None
     operators: list[OperatorEntry] = Field(default_factory=list)
+    #: The review inbox served beside ``/mcp`` (:mod:`capgate.adapters.fronts.inbox`).
+    inbox: InboxSettings = Field(default_factory=InboxSettings)
 
     @field_validator("tools", mode="before")
     @classmethod

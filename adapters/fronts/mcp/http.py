@@ -35,7 +35,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from capgate.adapters.fronts.mcp.config import ServeConfig
 from capgate.adapters.fronts.mcp.server import GatewayMCP
@@ -117,7 +117,8 @@ def url_of(sock: socket.socket) -> str:
 
 
 def http_app(service: GatewayMCP, config: ServeConfig, *, port: int) -> Starlette:
-    """The ASGI app: bearer authentication, then the SDK's session manager."""
+    """The ASGI app: bearer authentication, then the SDK's session manager; and the
+    review inbox at ``/inbox`` when the configuration names people to sign in."""
     hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -126,8 +127,14 @@ def http_app(service: GatewayMCP, config: ServeConfig, *, port: int) -> Starlett
     )
     manager = StreamableHTTPSessionManager(app=service.server, security_settings=security)
     endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
+    routes: list[BaseRoute] = [Route(MCP_PATH, endpoint=endpoint)]
+    if config.people and config.inbox.enabled:
+        from capgate.adapters.fronts.inbox.app import INBOX_PATH, Inbox
+
+        inbox = Inbox(service.desk, config.people_directory(), config.inbox, hosts=hosts)
+        routes.append(Mount(INBOX_PATH, app=inbox.app()))
     return Starlette(
-        routes=[Route(MCP_PATH, endpoint=endpoint)],
+        routes=routes,
         middleware=[
             Middleware(
                 AuthenticationMiddleware, backend=BearerAuthBackend(BindingVerifier(config))
@@ -154,4 +161,7 @@ async def serve_http(service: GatewayMCP, config: ServeConfig, sock: socket.sock
         )
     )
     print(f"capgate serve: MCP over HTTP at {url_of(sock)}", file=sys.stderr, flush=True)
+    if config.people and config.inbox.enabled:
+        inbox = url_of(sock).removesuffix(MCP_PATH) + "/inbox/"
+        print(f"capgate serve: review inbox at {inbox}", file=sys.stderr, flush=True)
     await server.serve(sockets=[sock])
