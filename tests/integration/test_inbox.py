@@ -18,8 +18,10 @@ sign-ins are limited. The screenshots in docs/images are this test's
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +29,9 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from playwright.sync_api import Page
 
 from capgate.adapters.fronts.mcp.config import token_digest
@@ -385,3 +389,53 @@ def test_the_inbox_answers_with_strict_headers_and_limits_sign_ins(served):
         assert limited.status_code == 429
         assert "capgate_inbox" not in limited.cookies
     assert "guess" not in server.stderr
+
+
+def test_a_person_signs_in_with_an_id_token_of_the_configured_issuer(tmp_path):
+    issuer, audience = "https://login.example.test", "capgate-inbox"
+    key, stranger = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in "ab")
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [{**public, "kid": "k1"}]}))
+
+    def id_token(signer: Any, sub: str = "sub-maria") -> str:
+        now = int(time.time())
+        claims = {"iss": issuer, "aud": audience, "sub": sub, "iat": now, "exp": now + 600}
+        return jwt.encode(claims, signer, algorithm="RS256", headers={"kid": "k1"})
+
+    store = seed_store(tmp_path / "state.db")
+    config = write_config(
+        tmp_path / "serve.yaml",
+        http={"sales": (AGENT_TOKEN, SALES_BOT)},
+        extra={
+            "people": [{**person("maria"), "oidc_subject": "sub-maria"}],
+            "oidc": {"issuer": issuer, "audience": audience, "jwks_file": str(jwks)},
+        },
+    )
+    with (
+        http_server(store, config, tmp_path / "record.jsonl") as server,
+        httpx.Client(timeout=INNER_HANG_SECONDS) as http,
+    ):
+        base = inbox_url(server)
+        token = http.get(f"{base}/login").cookies["capgate_inbox_login"]
+        for refused in (id_token(stranger), id_token(key, sub="sub-nobody")):
+            answer = http.post(f"{base}/login", data={"credential": refused, "login_csrf": token})
+            assert answer.status_code == 401
+        signed_in = http.post(
+            f"{base}/login", data={"credential": id_token(key), "login_csrf": token}
+        )
+        assert signed_in.status_code == 303
+        assert signed_in.headers["location"] == "/inbox/"
+        page = http.get(f"{base}/")
+        assert page.status_code == 200
+        assert "Waiting for review" in page.text
+        assert "maria" in page.text
+        # A bearer token still names the same person.
+        other = httpx.Client(timeout=INNER_HANG_SECONDS)
+        with other:
+            token = other.get(f"{base}/login").cookies["capgate_inbox_login"]
+            by_token = other.post(
+                f"{base}/login", data={"credential": TOKENS["maria"], "login_csrf": token}
+            )
+            assert by_token.status_code == 303
+    assert "oidc:https://login.example.test" in server.stderr

@@ -354,9 +354,13 @@ class Inbox:
         credential = credential.strip()
         if len(credential) > MAX_CREDENTIAL:
             raise AuthenticationFailed("the credential is too long")
-        if self.people.config.oidc is not None and credential.count(".") == 2:
-            return self.people.by_id_token(credential)
-        return self.people.by_token(credential)
+        try:
+            return self.people.by_token(credential)
+        except AuthenticationFailed:
+            # Not a person's bearer token: an ID token, when an issuer is configured.
+            if self.people.config.oidc is None or credential.count(".") != 2:
+                raise
+        return self.people.by_id_token(credential)
 
     def _login_form(
         self, request: Request, *, error: str | None = None, status_code: int = 200
