@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 from capgate.adapters.fronts.mcp.config import ServeConfig, bindings_of, load_config
 from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions
+from capgate.cli.logs import configure_logging
 from capgate.cli.service import (
     add_log_level,
     command_parser,
-    log_to_stderr,
     parts_of,
     run_until_stopped,
     start_gateway,
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from capgate.adapters.fronts.mcp.http import loopback_socket, parse_listen_address
 
-    log_to_stderr(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     config = load_config(args.config)
     _check_bindings(config, args)
     # The people's key set read now, so an unreadable or unsafe one stops the start.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ from capgate.cli.commands.common import (
     exit_codes,
     opened_store,
 )
+from capgate.cli.logs import log_decision
 from capgate.demo.oracle_server import oracle_server_spec
 from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue
@@ -60,7 +60,6 @@ __all__ = [
     "Terminated",
     "add_log_level",
     "command_parser",
-    "log_to_stderr",
     "parts_of",
     "run_until_stopped",
     "start_gateway",
@@ -100,6 +99,12 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning"],
         default="info",
         help="level of capgate's own log lines on stderr (default: info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text lines, or JSON lines of one schema (docs/operations.md); default: text",
     )
 
 
@@ -141,30 +146,6 @@ def _terminated_by_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-class _OwnLevel(logging.Filter):
-    """capgate's records from ``level`` up, everyone else's from WARNING up."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        ours = record.name.startswith("capgate.")
-        return record.levelno >= (self.level if ours else logging.WARNING)
-
-
-def log_to_stderr(level: str) -> None:
-    """Log lines on stderr (stdout is the MCP channel over stdio): capgate's at
-    ``level``, every other library's at WARNING only."""
-    number = logging.getLevelNamesMapping()[level.upper()]
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(_OwnLevel(number))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(min(number, logging.WARNING))
 
 
 @dataclass(frozen=True)
@@ -233,6 +214,7 @@ def start_gateway(
         store,
         credentials=parts.credentials,
         lease=parts.config.lease,
+        observer=log_decision,
     )
     gateway.reconcile()
     stack.enter_context(Reconciler(gateway, parts.config.reconcile_seconds))

@@ -27,10 +27,10 @@ import threading
 
 from capgate.adapters.fronts.mcp.config import load_config
 from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions
+from capgate.cli.logs import configure_logging
 from capgate.cli.service import (
     add_log_level,
     command_parser,
-    log_to_stderr,
     parts_of,
     run_until_stopped,
     start_gateway,
@@ -74,7 +74,7 @@ def register(sub: Actions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    log_to_stderr(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     config = load_config(args.config)
     parts = parts_of(config, "worker")
     catalogue = load_catalogue(args.catalogue)

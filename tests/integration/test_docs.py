@@ -58,6 +58,9 @@ info string                        rule
 ``json notice``                    a webhook notice's body, equal to the one the notifier
                                    writes (``notice_body``) for a ledger row and proposal
                                    with the block's own values.
+``json log-line``                  a decision's JSON log line, equal to the one
+                                   ``log_decision`` writes for a decision with the block's
+                                   own values (its time and span ids aside).
 =================================  =========================================================
 
 Shell blocks: all ``sh`` blocks of one document run in order in one session, whose
@@ -97,6 +100,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -122,11 +126,12 @@ from capgate.adapters.fronts.mcp.http import MCP_PATH, parse_listen_address
 from capgate.adapters.fronts.mcp.results import tool_result
 from capgate.adapters.fronts.mcp.server import tool_view
 from capgate.cli import serve as serve_command
+from capgate.cli.logs import JsonLines, log_decision
 from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
-from capgate.gateway.enforce.dispatcher import Dispatcher
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
 from capgate.gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
@@ -214,6 +219,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "mcp-client": lambda b: b.lang == "json" and b.tag == "mcp-client",
     "mcp-tool-result": lambda b: b.lang == "json" and b.tag == "mcp-tool-result",
     "notice": lambda b: b.lang == "json" and b.tag == "notice",
+    "log-line": lambda b: b.lang == "json" and b.tag == "log-line",
 }
 
 
@@ -561,6 +567,40 @@ def test_catalogue_error_format_matches_real_problems(mistake_problems: dict[str
 def test_serve_config_block_is_accepted(block: Block):
     config = parse_config(block.text, str(block))
     assert config.adapters()
+
+
+@pytest.mark.parametrize("block", blocks_of("log-line"), ids=ids(blocks_of("log-line")))
+def test_log_line_block_is_what_a_decision_logs(block: Block):
+    shown = json.loads(block.text)
+    lines: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record)
+
+    keep = Keep()
+    decisions = logging.getLogger("capgate.decisions")
+    decisions.addHandler(keep)
+    level = decisions.level
+    decisions.setLevel(logging.INFO)
+    try:
+        log_decision(
+            DecisionEvent(
+                kind=shown["question"], agent=shown["agent"], allow=shown["allow"],
+                tool=shown.get("tool"), reason_codes=tuple(shown["reason_codes"]),
+                decision_id=shown.get("decision_id"), status=shown.get("status"),
+                stage=shown.get("stage"), revision=shown.get("revision"),
+            )
+        )  # fmt: skip
+    finally:
+        decisions.removeHandler(keep)
+        decisions.setLevel(level)
+    [record] = lines
+    written = json.loads(JsonLines().format(record))
+    for varying in ("time", "trace_id", "span_id"):
+        shown.pop(varying, None)
+        written.pop(varying, None)
+    assert written == shown
 
 
 @pytest.mark.parametrize("block", blocks_of("notice"), ids=ids(blocks_of("notice")))
