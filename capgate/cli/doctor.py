@@ -11,7 +11,6 @@ it serves with the local one.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +26,10 @@ from capgate.gateway.opa.sidecar import (
     OPA_URL_ENV,
     PolicySidecar,
     configured_token,
+    opa_address,
     token_file_problem,
 )
+from capgate.gateway.policy.address import AddressOrigin, OPAAddress
 from capgate.gateway.version import __version__
 
 __all__ = ["Check", "run_doctor"]
@@ -142,15 +143,16 @@ def run_doctor(
             {"path": str(catalogue_dir), "digest": meta["digest"], "tools": meta["tool_count"]},
         )
     )
-    url = opa_url or os.environ.get(OPA_URL_ENV) or None
-    checks.append(_token(url is not None))
+    external = opa_address(OPAAddress(opa_url, AddressOrigin.OPTION) if opa_url else None)
+    checks.append(_token(external is not None))
     where = (
-        f"external, {url}" + ("" if opa_url else f" (from ${OPA_URL_ENV})")
-        if url
+        f"external, {external.url}"
+        + ("" if external.origin is AddressOrigin.OPTION else f" (from ${OPA_URL_ENV})")
+        if external
         else "embedded: capgate starts its own OPA on a private unix socket"
     )
     try:
-        with PolicySidecar(catalogue, opa_url=url, opa_binary=opa_binary) as sidecar:
+        with PolicySidecar(catalogue, opa_url=external, opa_binary=opa_binary) as sidecar:
             address = sidecar.client.address
             healthy = sidecar.ready()
     except (CapgateError, ValueError, OSError) as exc:
@@ -166,7 +168,12 @@ def run_doctor(
                 if healthy
                 else "served the catalogue but is not ready: its bundles are not (all) active"
             ),
-            {"address": address, "embedded": url is None, "healthy": healthy, "ready": healthy},
+            {
+                "address": address,
+                "embedded": external is None,
+                "healthy": healthy,
+                "ready": healthy,
+            },
         )
     )
     return checks

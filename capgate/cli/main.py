@@ -73,7 +73,9 @@ from capgate.cli.commands.common import (
     EXIT_OK,
     add_timeout,
     exit_codes,
+    opa_option,
     read_input,
+    warn_undeclared,
 )
 from capgate.cli.commands.diff import command as diff_command
 from capgate.demo import demo_catalogue_dir
@@ -135,7 +137,8 @@ def _eval(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     model = ComposeInput if args.question == "compose" else ExecuteInput
     facts = read_input(model, args.input)
-    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
+    warn_undeclared(catalogue, facts.principal.role, facts.task.type, facts.environment)
+    with PolicySidecar(catalogue, opa_url=opa_option(args), timeout=args.timeout) as sidecar:
         if isinstance(facts, ExecuteInput):
             executed = sidecar.client.execute(facts)
             if executed.allow:

@@ -28,8 +28,14 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING
 
-from capgate.adapters.fronts.mcp.config import ServeConfig, bindings_of, load_config
-from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions
+from capgate.adapters.fronts.mcp.config import HttpBinding, ServeConfig, bindings_of, load_config
+from capgate.cli.commands.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Actions,
+    opa_option,
+    warn_undeclared,
+)
 from capgate.cli.logs import configure_logging
 from capgate.cli.service import (
     add_log_level,
@@ -41,7 +47,7 @@ from capgate.cli.service import (
     start_worker,
 )
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.errors import ConfigError, InvalidInput, UnknownTenant
+from capgate.gateway.errors import ConfigError, InvalidInput, UnknownTenant, quote
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.state.store import Store
 
@@ -123,6 +129,16 @@ def run(args: argparse.Namespace) -> int:
     address = parse_listen_address(args.http) if args.http is not None else None
     parts = parts_of(config, "serve")
     catalogue = load_catalogue(args.catalogue)
+    for binding in bindings_of(config):
+        # A typo in a binding gives its caller an empty tool list: say so now.
+        name = binding.name if isinstance(binding, HttpBinding) else "stdio"
+        warn_undeclared(
+            catalogue,
+            binding.principal.role,
+            binding.task.type,
+            binding.environment,
+            where=f"{args.config}: binding {quote(name)}: ",
+        )
 
     def serve(store: Store, stack: contextlib.ExitStack) -> int:
         with store.transaction(read_only=True) as tx:
@@ -136,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                     raise UnknownTenant(tenant)
         # Bound before OPA starts: a port in use is an error at once.
         sock = stack.enter_context(loopback_socket(*address)) if address else None
-        gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
+        gateway = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
         if args.worker:
             start_worker(stack, gateway, config)
         start_notifier(stack, store, config)

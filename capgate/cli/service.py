@@ -47,6 +47,7 @@ from capgate.demo.oracle_server import oracle_server_spec
 from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.notices.notifier import Notifier
@@ -192,7 +193,7 @@ def start_gateway(
     catalogue: Catalogue,
     store: Store,
     *,
-    opa_url: str | None,
+    opa_url: OPAAddress | None,
 ) -> Gateway:
     """Attach the upstream servers, start OPA, build the gateway, reconcile what a
     previous process left open, and keep reconciling; all closed with ``stack``."""

@@ -26,7 +26,7 @@ import sys
 import threading
 
 from capgate.adapters.fronts.mcp.config import load_config
-from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions
+from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions, opa_option
 from capgate.cli.logs import configure_logging
 from capgate.cli.service import (
     add_log_level,
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
 
     def work(store: Store, stack: contextlib.ExitStack) -> int:
-        gateway = start_gateway(stack, parts, catalogue, store, opa_url=args.opa)
+        gateway = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
         worker = start_worker(stack, gateway, config)
         start_notifier(stack, store, config)
         print(f"capgate worker: {worker.name} on {store.location}", file=sys.stderr, flush=True)

@@ -70,11 +70,13 @@ from capgate.gateway.opa.binary import OPABinary, find_opa
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
 from capgate.gateway.policy.client import PolicyClient
 
-__all__ = ["RESERVED_ENV", "EmbeddedOPA"]
+__all__ = ["EMBEDDED_STARTUP_TIMEOUT", "RESERVED_ENV", "EmbeddedOPA"]
 
 #: Environment variables capgate sets for OPA itself; ``env=`` may not override them.
 RESERVED_ENV: Final = frozenset({"HOME", "TMPDIR"})
 
+#: Seconds OPA may take by default to start and activate its bundles.
+EMBEDDED_STARTUP_TIMEOUT: Final = 15.0
 _STOP_GRACE_SECONDS: Final = 5.0
 _LOG_TAIL_CHARS: Final = 4000
 _PR_SET_PDEATHSIG: Final = 1
@@ -126,7 +128,7 @@ class EmbeddedOPA:
         bundle_dir: Path,
         *,
         opa_binary: Path | None = None,
-        startup_timeout: float = 15.0,
+        startup_timeout: float = EMBEDDED_STARTUP_TIMEOUT,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
@@ -258,8 +260,14 @@ class EmbeddedOPA:
         with PolicyClient(self.address, timeout=1.0, connect_timeout=1.0) as client:
             while True:
                 # Socket first: a health call before OPA listens is a wasted connect.
-                if self.socket_path.exists() and client.health(bundles=True):
-                    return
+                if not self.socket_path.exists():
+                    problem: str | None = "its socket is not there yet (OPA is not listening)"
+                else:
+                    problem = client.health_problem(bundles=True)
+                    if problem is None:
+                        return
+                # Asked after the last try too: an OPA that died while it was asked
+                # is reported as exited, with its log, not as slow.
                 code = self._proc.poll()
                 if code is not None:
                     tail = self._log_tail()
@@ -270,7 +278,8 @@ class EmbeddedOPA:
                 if time.monotonic() >= deadline:
                     raise OPAProcessError(
                         f"OPA did not report its bundles activated within "
-                        f"{self.startup_timeout}s (bundle {self.bundle_dir}):\n{self._log_tail()}"
+                        f"{self.startup_timeout:g}s (bundle {self.bundle_dir}); the last "
+                        f"try: {problem}. Its log:\n{self._log_tail()}"
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 0.2)

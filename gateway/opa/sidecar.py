@@ -43,11 +43,11 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.binary import OPABinary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.policies import PoliciesLocation, locate_policies
-from capgate.gateway.opa.process import EmbeddedOPA
+from capgate.gateway.opa.process import EMBEDDED_STARTUP_TIMEOUT, EmbeddedOPA
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
-from capgate.gateway.policy.address import check_token
+from capgate.gateway.policy.address import OPA_URL_ENV, AddressOrigin, OPAAddress, check_token
 from capgate.gateway.policy.client import PolicyClient
-from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT
+from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 
 __all__ = [
     "OPA_STARTUP_TIMEOUT_ENV",
@@ -57,6 +57,7 @@ __all__ = [
     "PolicySidecar",
     "TokenSource",
     "configured_token",
+    "opa_address",
     "read_token_file",
     "startup_timeout_from_env",
     "token_file_problem",
@@ -64,8 +65,6 @@ __all__ = [
 
 log = logging.getLogger("capgate.opa.sidecar")
 
-#: Environment variable naming an external OPA, e.g. ``http://127.0.0.1:8181``.
-OPA_URL_ENV = "CAPGATE_OPA_URL"
 #: Environment variable holding the bearer token of a locked-down external OPA.
 OPA_TOKEN_ENV: Final = "CAPGATE_OPA_TOKEN"  # noqa: S105 (a variable name, not a token)
 #: Environment variable naming a file that holds that token (0600, the token alone).
@@ -167,6 +166,20 @@ def token_file_problem(path: Path) -> str | None:
     return None
 
 
+def opa_address(
+    opa_url: str | OPAAddress | None = None, environ: Mapping[str, str] | None = None
+) -> OPAAddress | None:
+    """The external OPA to use and where its address came from, or None for the
+    embedded one: ``opa_url`` (a plain string counts as the caller's argument), else
+    ``$CAPGATE_OPA_URL``. An empty value counts as none given."""
+    if isinstance(opa_url, OPAAddress):
+        return opa_url if opa_url.url else None
+    if opa_url:
+        return OPAAddress(opa_url, AddressOrigin.ARGUMENT)
+    value = (os.environ if environ is None else environ).get(OPA_URL_ENV)
+    return OPAAddress(value, AddressOrigin.ENVIRONMENT) if value else None
+
+
 def startup_timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
     """``$CAPGATE_OPA_STARTUP_TIMEOUT`` in seconds (0 when unset); ValueError if malformed."""
     text = (os.environ if environ is None else environ).get(OPA_STARTUP_TIMEOUT_ENV, "")
@@ -194,18 +207,29 @@ class PolicySidecar:
     read and write timeout; a question about the whole catalogue adds an allowance
     for each of its tools (:func:`~capgate.gateway.policy.timeouts.whole_catalogue_timeout`).
 
+    ``opa_url`` is the external OPA's address (an
+    :class:`~capgate.gateway.policy.address.OPAAddress` says where it came from, e.g.
+    ``--opa``), else ``$CAPGATE_OPA_URL``, else none: the embedded OPA. An OPA that
+    cannot be reached is reported with where its address came from.
+    ``connect_timeout`` (default
+    :data:`~capgate.gateway.policy.timeouts.DEFAULT_CONNECT_TIMEOUT`) bounds each
+    connect to it.
+
     For an external OPA: ``token`` or ``token_file`` (else the environment, see the
     module docstring) is the bearer token it requires, and ``startup_timeout``
     (else ``$CAPGATE_OPA_STARTUP_TIMEOUT``, else 0) how many seconds to wait for it
-    to become ready before failing closed.
+    to become ready before failing closed. For the embedded OPA, ``startup_timeout``
+    (default :data:`~capgate.gateway.opa.process.EMBEDDED_STARTUP_TIMEOUT`) is how
+    long it may take to start and activate its bundle.
     """
 
     def __init__(
         self,
         catalogue: Catalogue,
         *,
-        opa_url: str | None = None,
+        opa_url: str | OPAAddress | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
         policies_dir: Path | None = None,
         opa_binary: Path | None = None,
         opa_env: Mapping[str, str] | None = None,
@@ -215,7 +239,7 @@ class PolicySidecar:
     ) -> None:
         meta = compile_catalogue(catalogue)["meta"]
         self.expected_digest: str = meta["digest"]
-        url = opa_url or os.environ.get(OPA_URL_ENV) or None
+        external = opa_address(opa_url)
         self.process: EmbeddedOPA | None = None
         #: Where the external OPA's token came from; None when none is sent (always
         #: for the embedded OPA, whose socket only this user can reach).
@@ -232,14 +256,15 @@ class PolicySidecar:
         secret: str | None = None
         wait = 0.0
         try:
-            if url is not None:
+            if external is not None:
                 found = configured_token(token, token_file)
                 if found is not None:
                     secret, self.token_source = found
                 wait = startup_timeout_from_env() if startup_timeout is None else startup_timeout
                 if not 0 <= wait <= MAX_STARTUP_TIMEOUT:
                     raise ValueError(f"startup_timeout must be from 0 to {MAX_STARTUP_TIMEOUT}")
-            if url is None:
+            location = external
+            if location is None:
                 self.policies = (
                     locate_policies()
                     if policies_dir is None
@@ -251,16 +276,25 @@ class PolicySidecar:
                         catalogue, self._bundle_root.path / "bundle", self.policies.path
                     )
                 revision = bundle_revision(catalogue, self.policies.path)
-                self.process = EmbeddedOPA(bundle, opa_binary=opa_binary, env=opa_env)
+                start = EMBEDDED_STARTUP_TIMEOUT if startup_timeout is None else startup_timeout
+                if not 0 < start <= MAX_STARTUP_TIMEOUT:
+                    raise ValueError(
+                        f"startup_timeout of the embedded OPA must be over 0 and at most "
+                        f"{MAX_STARTUP_TIMEOUT:g}"
+                    )
+                self.process = EmbeddedOPA(
+                    bundle, opa_binary=opa_binary, env=opa_env, startup_timeout=start
+                )
                 self.process.start()
-                url = self.process.address
+                location = OPAAddress(self.process.address, AddressOrigin.EMBEDDED)
             # Every decision must carry the catalogue digest loaded here, not only the
             # first answer: an OPA restarted with another bundle behind the same address
             # would otherwise be obeyed until this process restarts. The catalogue's
             # size sets how long a question about all of it may take.
             self._client = PolicyClient(
-                url,
+                location,
                 timeout=timeout or DEFAULT_TIMEOUT,
+                connect_timeout=connect_timeout or DEFAULT_CONNECT_TIMEOUT,
                 expected_catalogue=self.expected_digest,
                 expected_revision=revision,
                 token=secret,
@@ -334,13 +368,13 @@ class PolicySidecar:
         """
         deadline = time.monotonic() + seconds
         pause = 0.05
-        while not client.ready():
+        while (problem := client.health_problem(bundles=True)) is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PolicyUnavailable(
-                    f"OPA at {client.address} was not ready within {seconds:g}s (GET "
-                    "/health?bundles did not answer 200): no bundle active yet, or "
-                    "none that verifies; capgate asks it nothing until it is"
+                    f"{client.location.describe()} was not ready within {seconds:g}s "
+                    f"(GET /health?bundles did not answer 200); the last try: {problem}. "
+                    "capgate asks it nothing until it is ready; `capgate doctor` checks it"
                 )
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)

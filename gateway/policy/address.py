@@ -10,6 +10,11 @@ A locked-down OPA (``--authentication=token --authorization=basic`` with the
 only a client that presents the gateway's bearer token; :func:`check_token` says
 what can be sent as one. Both checks run before a request is sent, and neither
 message quotes a token.
+
+An :class:`OPAAddress` is an address with where it came from (``--opa``,
+``$CAPGATE_OPA_URL``, a caller's argument, or the embedded OPA capgate started), so
+that an OPA that cannot be reached is reported with where to look: the address most
+often wrong is one left set in the environment.
 """
 
 from __future__ import annotations
@@ -17,10 +22,22 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["MAX_TOKEN_CHARS", "Endpoint", "check_token", "parse_address"]
+__all__ = [
+    "MAX_TOKEN_CHARS",
+    "OPA_URL_ENV",
+    "AddressOrigin",
+    "Endpoint",
+    "OPAAddress",
+    "check_token",
+    "parse_address",
+]
+
+#: Environment variable naming an external OPA, e.g. ``http://127.0.0.1:8181``.
+OPA_URL_ENV: Final = "CAPGATE_OPA_URL"
 
 # Base URL used for unix sockets: the host is never resolved, only sent as Host header.
 _UDS_BASE_URL: Final = "http://opa"
@@ -37,6 +54,52 @@ class Endpoint:
 
     base_url: str
     uds: str | None
+
+
+class AddressOrigin(StrEnum):
+    """Where an OPA address came from."""
+
+    #: ``--opa`` on capgate's command line.
+    OPTION = "option"
+    #: ``$CAPGATE_OPA_URL``.
+    ENVIRONMENT = "environment"
+    #: An argument of the library (``PolicySidecar(opa_url=...)``, ``PolicyClient``).
+    ARGUMENT = "argument"
+    #: The embedded OPA capgate started, on its private unix socket.
+    EMBEDDED = "embedded"
+
+
+@dataclass(frozen=True, slots=True)
+class OPAAddress:
+    """An OPA address and where it came from, for messages that say where to look."""
+
+    url: str
+    origin: AddressOrigin = AddressOrigin.ARGUMENT
+
+    def describe(self) -> str:
+        """``OPA at http://127.0.0.1:8181 (from $CAPGATE_OPA_URL)``, or the embedded OPA."""
+        if self.origin is AddressOrigin.EMBEDDED:
+            return f"the embedded OPA capgate started ({self.url})"
+        said = {
+            AddressOrigin.OPTION: "given with --opa",
+            AddressOrigin.ENVIRONMENT: f"from ${OPA_URL_ENV}",
+            AddressOrigin.ARGUMENT: "given by the caller",
+        }[self.origin]
+        return f"OPA at {self.url} ({said})"
+
+    def advice(self) -> str:
+        """What to do when OPA cannot be reached there."""
+        if self.origin is AddressOrigin.EMBEDDED:
+            return (
+                "it may have exited (see capgate's log); `capgate doctor` starts one "
+                "and says what fails"
+            )
+        if self.origin is AddressOrigin.ENVIRONMENT:
+            return (
+                f"${OPA_URL_ENV} is set in this environment: start OPA there, or unset "
+                "it to let capgate start its own; `capgate doctor` checks the address"
+            )
+        return f"is OPA running there? `capgate doctor --opa {self.url}` checks the address"
 
 
 def parse_address(address: str) -> Endpoint:

@@ -53,6 +53,7 @@ from capgate.gateway.model.decisions import (
 )
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from capgate.gateway.model.reasons import with_reasons
+from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.policy.answer import Decided, Envelope, check_catalogue, validate
 from capgate.gateway.policy.edge import Edge
 from capgate.gateway.policy.timeouts import (
@@ -108,6 +109,8 @@ class PolicyClient:
     ``address`` is ``http://127.0.0.1:8181`` (any loopback IP literal, ``[::1]``
     included) or ``unix:///abs/path/opa.sock``; anything else raises ValueError here,
     before a request is sent (:func:`~capgate.gateway.policy.address.parse_address`).
+    An :class:`~capgate.gateway.policy.address.OPAAddress` says where the address came
+    from too, so that an unreachable OPA is reported with where to look.
     ``connect_timeout`` bounds the connect and ``timeout`` each write, read and wait
     for a pooled connection; on top of these, the whole exchange (connect, request,
     response head and body) must finish within ``connect_timeout + 2 * timeout``
@@ -140,7 +143,7 @@ class PolicyClient:
 
     def __init__(
         self,
-        address: str,
+        address: str | OPAAddress,
         *,
         timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -157,14 +160,17 @@ class PolicyClient:
         if expected_catalogue == "" or expected_revision == "":
             raise ValueError("an expected catalogue digest or revision must not be empty")
         self._limits = Limits(timeout, connect_timeout)
+        location = address if isinstance(address, OPAAddress) else OPAAddress(address)
         self._edge = Edge(
-            address,
+            location,
             self._limits,
             transport=transport,
             token=token,
             expected_revision=expected_revision,
         )
-        self.address = address
+        self.address = location.url
+        #: The address and where it came from (``--opa``, the environment, ...).
+        self.location = location
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.catalogue_size = catalogue_size
@@ -280,7 +286,13 @@ class PolicyClient:
         locked-down OPA, 500 before the bundle carrying ``system.authz`` is active
         (OPA then refuses everything) or 401 if its policy refuses the request.
         """
-        return self._edge.healthy(bundles)
+        return self._edge.health_problem(bundles) is None
+
+    def health_problem(self, bundles: bool = True) -> str | None:
+        """None when :meth:`health` is True; else what went wrong, in a few words
+        (connection refused, no answer in time, HTTP 401, HTTP 500 with OPA's reason,
+        no bundle active yet), for a start-up wait to say the last thing it saw."""
+        return self._edge.health_problem(bundles)
 
     def ready(self) -> bool:
         """True when OPA is healthy with every configured bundle activated.

@@ -31,8 +31,8 @@ from typing import Final
 
 import httpx
 
-from capgate.gateway.errors import PolicyUnavailable
-from capgate.gateway.policy.address import check_token, parse_address
+from capgate.gateway.errors import PolicyUnavailable, cut, quote
+from capgate.gateway.policy.address import OPAAddress, check_token, parse_address
 from capgate.gateway.policy.answer import (
     MAX_ANSWER_BYTES,
     Envelope,
@@ -63,7 +63,7 @@ class Edge:
 
     def __init__(
         self,
-        address: str,
+        address: OPAAddress,
         limits: Limits,
         *,
         transport: httpx.BaseTransport | None,
@@ -73,10 +73,12 @@ class Edge:
         headers = {"Accept-Encoding": "gzip"}
         if token is not None:
             headers["Authorization"] = f"Bearer {check_token(token)}"
-        endpoint = parse_address(address)
+        endpoint = parse_address(address.url)
         if transport is None:
             transport = DeadlineTransport(uds=endpoint.uds)
-        self.address = address
+        #: The address and where it came from (an unreachable OPA's message says).
+        self.location = address
+        self.address = address.url
         self.has_token = token is not None
         self._limits = limits
         self._expected_revision = expected_revision
@@ -108,20 +110,32 @@ class Edge:
         self._closed = True
         self._http.close()
 
-    def healthy(self, bundles: bool) -> bool:
-        """Whether ``GET /health`` (with ``bundles``: every bundle active) answers 200
-        within the client's own limits; False for every failure, and once closed."""
+    def health_problem(self, bundles: bool) -> str | None:
+        """None when ``GET /health`` (with ``bundles``: every bundle active) answers 200
+        within the client's own limits; else what went wrong, in a few words
+        (connection refused, no answer in time, HTTP 401, HTTP 500 and OPA's reason),
+        for a start-up wait to report the last one. Never raises."""
         url = "/health?bundles=true" if bundles else "/health"
         if self._closed:
-            return False
+            return "the policy client is closed"
         token = DEADLINE.set(time.monotonic() + self._limits.whole)
         try:
             response = self._http.get(url)
-        except httpx.HTTPError:
-            return False
+        except httpx.TimeoutException:
+            return f"no answer in time ({self._limits.describe()})"
+        except httpx.HTTPError as exc:
+            return f"not reachable: {cut(str(exc) or type(exc).__name__, 200)}"
         finally:
             DEADLINE.reset(token)
-        return response.status_code == 200
+        status = response.status_code
+        if status == 200:
+            return None
+        if status == 401:
+            return f"HTTP 401: {self._refused_hint()}"
+        reason = _health_reason(response)
+        if status == 500 and "bundle" in reason:
+            return f"no bundle active yet, or none that verifies (HTTP 500: {quote(reason)})"
+        return f"HTTP {status}" + (f": {quote(reason)}" if reason else "")
 
     def ask(
         self, method: str, path: str, limits: Limits | None = None, content: bytes | None = None
@@ -166,7 +180,8 @@ class Edge:
         except httpx.ConnectError as exc:
             self._log(path, started, None, "ConnectError")
             raise PolicyUnavailable(
-                f"OPA at {self.address} is unreachable for {path}: {exc}"
+                f"{self.location.describe()} is unreachable: {exc}; "
+                f"{self.location.advice()} (asking {path})"
             ) from exc
         except httpx.HTTPError as exc:
             self._log(path, started, None, type(exc).__name__)
@@ -283,6 +298,15 @@ class Edge:
             log.debug("opa %s in %.1f ms, decision_id=%s", path, ms, decision_id)
         else:
             log.debug("opa %s failed after %.1f ms: %s", path, ms, failure)
+
+
+def _health_reason(response: httpx.Response) -> str:
+    """OPA's ``{"error": ...}`` of a health answer that is not 200, or ``""``."""
+    try:
+        error = response.json().get("error", "")
+    except (ValueError, AttributeError):
+        return ""
+    return error if isinstance(error, str) else ""
 
 
 def _read_bounded(response: httpx.Response, path: str, deadline: float, limits: Limits) -> bytes:

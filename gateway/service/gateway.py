@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
+from capgate.gateway.catalogue.names import UndeclaredWatch
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher, policy_revision
 from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable, quote
@@ -129,6 +130,8 @@ class Gateway:
         self.credentials: CredentialResolver = credentials or NoCredentials()
         self.dispatcher = Dispatcher(catalogue, policy, registry, observer=observer)
         self._facts = FactReader(catalogue, registry, store)
+        #: Logs, once per name, a role, task type or environment the catalogue lacks.
+        self._names = UndeclaredWatch(catalogue)
         self._proposals = Proposals(store, catalogue, policy, approval_ttl=approval_ttl)
         self._operations = Operations(
             store, self.dispatcher, self.credentials, lease=lease, duplicate_wait=duplicate_wait
@@ -147,6 +150,7 @@ class Gateway:
     def compose_facts(self, request: AgentRequest) -> ComposeInput:
         """The compose input: the request's facts plus the tenant's, from the store now."""
         request = _request(request)
+        self._names.check(request.principal.role, request.task.type, request.environment)
         return self._facts.compose_now(request.principal, request.task, request.environment)
 
     def visible(self, request: AgentRequest) -> frozenset[str]:
@@ -232,6 +236,7 @@ class Gateway:
         an Outcome.
         """
         request = _request(request)
+        self._names.check(request.principal.role, request.task.type, request.environment)
         operation_id = _operation_id(operation_id)
         prepared = self.dispatcher.prepare(tool, params)
         contract = prepared.contract

@@ -92,6 +92,7 @@ def test_public_surface_is_pinned() -> None:
         "catalogue_digest",
         "compile_catalogue",
         "load_catalogue",
+        "undeclared_names",
     ]
     assert sorted(contracts.__all__) == [
         "ApprovalKind",

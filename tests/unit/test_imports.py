@@ -150,7 +150,7 @@ def test_imports_run_one_way(name: str, path: Path):
 CORE_BELOW = {
     "capgate.gateway.service": {"capgate.gateway.enforce", "capgate.gateway.tools",
                                 "capgate.gateway.state", "capgate.gateway.model",
-                                "capgate.gateway.schema"},
+                                "capgate.gateway.schema", "capgate.gateway.catalogue"},
     "capgate.gateway.enforce": {"capgate.gateway.tools", "capgate.gateway.model",
                                 "capgate.gateway.schema"},
     "capgate.gateway.tools": {"capgate.gateway.state", "capgate.gateway.model"},

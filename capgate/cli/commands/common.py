@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import sys
 import textwrap
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,7 @@ from typing import Any, Final, TypeAlias, TypeVar
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from capgate.gateway.catalogue.names import undeclared_names
 from capgate.gateway.errors import (
     InvalidInput,
     StoreBusy,
@@ -45,7 +47,9 @@ from capgate.gateway.errors import (
     UnknownTenant,
     quote,
 )
+from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import Identifier
+from capgate.gateway.policy.address import AddressOrigin, OPAAddress
 from capgate.gateway.policy.timeouts import DEFAULT_TIMEOUT, PER_TOOL_TIMEOUT
 from capgate.gateway.state import open_store, parse_store_url
 from capgate.gateway.state.records import MAX_AMOUNT, TenantRecord
@@ -72,6 +76,7 @@ __all__ = [
     "amount",
     "exit_codes",
     "identifier",
+    "opa_option",
     "opened_store",
     "operator",
     "print_json",
@@ -83,6 +88,7 @@ __all__ = [
     "shown",
     "table",
     "ttl",
+    "warn_undeclared",
     "when",
 ]
 
@@ -228,6 +234,26 @@ def add_by(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
 
 _PASSWORD_PARAMETER: Final = re.compile(r"(?i)(\b(?:ssl)?password=)[^&#\s]*")
 _SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def opa_option(args: argparse.Namespace) -> OPAAddress | None:
+    """``--opa`` as an address that says it was given there; None when not given (then
+    ``$CAPGATE_OPA_URL``, else the embedded OPA)."""
+    value: str | None = args.opa
+    return OPAAddress(value, AddressOrigin.OPTION) if value else None
+
+
+def warn_undeclared(
+    catalogue: Catalogue, role: str, task_type: str, environment: str, *, where: str = ""
+) -> None:
+    """A warning on stderr for each of the three names ``catalogue`` does not declare,
+    with a did-you-mean (:func:`~capgate.gateway.catalogue.names.undeclared_names`);
+    ``where`` names the request (``binding 'stdio': ``). Nothing else changes."""
+    for problem in undeclared_names(catalogue, role, task_type, environment):
+        print(
+            f"capgate: warning: {where}{problem.message()}; no tool is visible or allowed",
+            file=sys.stderr,
+        )
 
 
 def redact_url(url: str) -> str:

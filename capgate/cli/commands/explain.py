@@ -43,10 +43,12 @@ from capgate.cli.commands.common import (
     add_group,
     add_timeout,
     exit_codes,
+    opa_option,
     print_json,
     read_input,
     safe,
     table,
+    warn_undeclared,
 )
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import InvalidInput, PolicyUnavailable, quote
@@ -95,9 +97,10 @@ def _dump(explanation: BaseModel) -> Any:
 def _compose(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     facts = read_input(ComposeInput, args.input)
+    warn_undeclared(catalogue, facts.principal.role, facts.task.type, facts.environment)
     if args.tool is not None and args.tool not in catalogue.tools:
         raise InvalidInput(f"--tool: the catalogue has no tool {quote(args.tool)}")
-    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
+    with PolicySidecar(catalogue, opa_url=opa_option(args), timeout=args.timeout) as sidecar:
         explanation: ComposeExplanation = sidecar.client.explain_compose(facts)
         decision = sidecar.client.compose(facts)
     if sorted(decision.visible) != explanation.visible:
@@ -134,7 +137,8 @@ def _compose(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     facts = read_input(ExecuteInput, args.input)
-    with PolicySidecar(catalogue, opa_url=args.opa, timeout=args.timeout) as sidecar:
+    warn_undeclared(catalogue, facts.principal.role, facts.task.type, facts.environment)
+    with PolicySidecar(catalogue, opa_url=opa_option(args), timeout=args.timeout) as sidecar:
         explanation: ExecuteExplanation = sidecar.client.explain_execute(facts)
         decision = sidecar.client.execute(facts)
     if decision.allow != explanation.allow:

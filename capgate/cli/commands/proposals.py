@@ -44,6 +44,7 @@ from capgate.cli.commands.common import (
     add_group,
     add_json,
     identifier,
+    opa_option,
     opened_store,
     print_json,
     require_tenant,
@@ -379,7 +380,7 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
             if proposal is None:
                 raise UnknownProposal(proposal_id)
             require_tenant(tx, reviewer.tenant)
-        with PolicySidecar(catalogue, opa_url=args.opa) as sidecar:
+        with PolicySidecar(catalogue, opa_url=opa_option(args)) as sidecar:
             gateway = Gateway(catalogue, sidecar.client, ToolRegistry(), store)
             try:
                 review = gateway.review(
