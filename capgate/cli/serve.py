@@ -16,7 +16,9 @@ first (``Gateway.reconcile``), and again every ``reconcile_seconds`` while it se
 then, whether or not any agent calls again. Unless ``--no-worker`` is given, an
 execution worker (:class:`capgate.gateway.service.worker.Worker`) dispatches the
 approved proposals while it serves; ``capgate worker`` (:mod:`capgate.cli.worker`)
-runs one alone. With a ``notices`` section, a notifier sends each proposal's steps
+runs one alone. Over HTTP, ``/healthz`` and ``/readyz`` answer beside ``/mcp``
+(:mod:`capgate.adapters.fronts.mcp.probes`): the readiness of the sidecar, the store
+and that worker. With a ``notices`` section, a notifier sends each proposal's steps
 to its tenant's webhook, signed (:mod:`capgate.gateway.service.notices`). What the two
 commands build alike is :mod:`capgate.cli.service`'s.
 """
@@ -41,6 +43,7 @@ from capgate.cli.service import (
     add_log_level,
     command_parser,
     parts_of,
+    readiness_of,
     run_until_stopped,
     start_gateway,
     start_notifier,
@@ -53,6 +56,8 @@ from capgate.gateway.state.store import Store
 
 if TYPE_CHECKING:
     import socket
+
+    from capgate.gateway.service.health import Readiness
 
 __all__ = ["register", "run"]
 
@@ -152,13 +157,12 @@ def run(args: argparse.Namespace) -> int:
                     raise UnknownTenant(tenant)
         # Bound before OPA starts: a port in use is an error at once.
         sock = stack.enter_context(loopback_socket(*address)) if address else None
-        gateway = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
-        if args.worker:
-            start_worker(stack, gateway, config)
+        started = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
+        worker = start_worker(stack, started.gateway, config) if args.worker else None
         start_notifier(stack, store, config)
         if sock is None:
-            return _serve_stdio(gateway, config)
-        return _serve_http(gateway, config, sock)
+            return _serve_stdio(started.gateway, config)
+        return _serve_http(started.gateway, config, sock, readiness_of(started, worker, config))
 
     return run_until_stopped(args, "serve", serve)
 
@@ -189,7 +193,9 @@ def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:
     return EXIT_OK
 
 
-def _serve_http(gateway: Gateway, config: ServeConfig, sock: socket.socket) -> int:
+def _serve_http(
+    gateway: Gateway, config: ServeConfig, sock: socket.socket, readiness: Readiness
+) -> int:
     import anyio
 
     from capgate.adapters.fronts.mcp.http import serve_http
@@ -203,5 +209,5 @@ def _serve_http(gateway: Gateway, config: ServeConfig, sock: socket.socket) -> i
         max_concurrent_decisions=config.max_concurrent_decisions,
         await_seconds=config.await_review_seconds,
     )
-    anyio.run(serve_http, service, config, sock)
+    anyio.run(serve_http, service, config, sock, readiness)
     return EXIT_OK

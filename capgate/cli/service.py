@@ -5,7 +5,8 @@ and build the gateway from it the same way, here, so that a deployment that runs
 them apart gives both the same tools and credentials: the ``tools`` adapters, the
 upstream MCP servers (``upstreams``, or the ``MCP_SERVERS`` / ``MCP_ORACLE`` gate of
 the environment), the ``credentials`` resolver, the operation lease
-(``lease_seconds``), OPA (embedded, or ``--opa``/``$CAPGATE_OPA_URL``), a reconcile
+(``lease_seconds``), OPA (embedded, or ``--opa``/``$CAPGATE_OPA_URL``; the sidecar is
+kept beside the gateway, in :class:`Started`, for ``serve``'s readiness), a reconcile
 at start and every ``reconcile_seconds``, the execution worker (``worker``), and the
 notifier of signed webhook notices (``notices``, when the file has that section).
 Each command keeps its own order of start-up around these (``serve`` binds its
@@ -50,6 +51,7 @@ from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices.notifier import Notifier
 from capgate.gateway.service.recovery import Reconciler
 from capgate.gateway.service.worker import Worker, WorkerEvent
@@ -58,10 +60,12 @@ from capgate.gateway.tools.registry import ToolRegistry
 
 __all__ = [
     "Parts",
+    "Started",
     "Terminated",
     "add_log_level",
     "command_parser",
     "parts_of",
+    "readiness_of",
     "run_until_stopped",
     "start_gateway",
     "start_notifier",
@@ -187,6 +191,14 @@ def parts_of(config: ServeConfig, command: str) -> Parts:
     return Parts(config, registry, upstreams, config.credential_resolver())
 
 
+@dataclass(frozen=True)
+class Started:
+    """A running gateway and the OPA sidecar it asks (whose readiness a probe reports)."""
+
+    gateway: Gateway
+    sidecar: PolicySidecar
+
+
 def start_gateway(
     stack: contextlib.ExitStack,
     parts: Parts,
@@ -194,7 +206,7 @@ def start_gateway(
     store: Store,
     *,
     opa_url: OPAAddress | None,
-) -> Gateway:
+) -> Started:
     """Attach the upstream servers, start OPA, build the gateway, reconcile what a
     previous process left open, and keep reconciling; all closed with ``stack``."""
     if parts.upstreams:  # servers start at their first call, and stop with the stack
@@ -219,7 +231,21 @@ def start_gateway(
     )
     gateway.reconcile()
     stack.enter_context(Reconciler(gateway, parts.config.reconcile_seconds))
-    return gateway
+    return Started(gateway, sidecar)
+
+
+def readiness_of(started: Started, worker: Worker | None, config: ServeConfig) -> Readiness:
+    """What ``/readyz`` reports: the sidecar's own check, the store's schema, and the
+    worker (passing when this process runs none), within ``readiness_timeout_seconds``."""
+    store = started.gateway.store
+    return Readiness(
+        {
+            "opa": started.sidecar.readiness,
+            "store": lambda: store_check(store),
+            "worker": lambda: worker_check(worker),
+        },
+        timeout=config.readiness_timeout_seconds,
+    )
 
 
 def start_worker(

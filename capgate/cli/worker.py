@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
 
     def work(store: Store, stack: contextlib.ExitStack) -> int:
-        gateway = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
-        worker = start_worker(stack, gateway, config)
+        started = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
+        worker = start_worker(stack, started.gateway, config)
         start_notifier(stack, store, config)
         print(f"capgate worker: {worker.name} on {store.location}", file=sys.stderr, flush=True)
         forever = threading.Event()

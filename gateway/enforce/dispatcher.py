@@ -71,6 +71,7 @@ from capgate.gateway.model.decisions import (
     ComposeExplanation,
     ExecuteDecision,
     Reason,
+    policy_revision,
 )
 from capgate.gateway.model.facts import (
     Approval,
@@ -516,19 +517,6 @@ def _ask(question: Callable[[Any], _D], facts: Any, kind: str) -> _D:
         raise PolicyUnavailable(
             f"the policy decider failed on {kind} ({type(exc).__name__}); failing closed"
         ) from exc
-
-
-def policy_revision(revisions: object) -> str | None:
-    """The policy revision a decision was made under, for traces and the ledger.
-
-    The non-empty bundle revisions OPA reported, sorted and joined by commas. Bundle
-    *names* are left out: for an embedded OPA they are temporary folder paths,
-    which differ on every start and say nothing about the policy.
-    """
-    if not isinstance(revisions, dict):
-        return None
-    shown = sorted({rev for rev in revisions.values() if isinstance(rev, str) and rev})
-    return ",".join(shown) or None
 
 
 def _revision(decision: object) -> str | None:

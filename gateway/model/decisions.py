@@ -30,6 +30,7 @@ __all__ = [
     "Reason",
     "ReviewDecision",
     "ToolExplanation",
+    "policy_revision",
 ]
 
 #: Fields the client fills from OPA's answer envelope, never from the policy's result.
@@ -213,3 +214,16 @@ class ReviewDecision(_Provenance):
     @property
     def reason_codes(self) -> list[str]:
         return sorted(r.code for r in self.reasons)
+
+
+def policy_revision(revisions: object) -> str | None:
+    """The policy revision a decision was made under, for traces and the ledger.
+
+    The non-empty bundle revisions OPA reported, sorted and joined by commas. Bundle
+    *names* are left out: for an embedded OPA they are temporary folder paths,
+    which differ on every start and say nothing about the policy.
+    """
+    if not isinstance(revisions, dict):
+        return None
+    shown = sorted({rev for rev in revisions.values() if isinstance(rev, str) and rev})
+    return ",".join(shown) or None

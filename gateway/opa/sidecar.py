@@ -40,6 +40,7 @@ from typing import Final
 from capgate.gateway.catalogue import compile_catalogue
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.health import CheckResult
 from capgate.gateway.opa.binary import OPABinary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.policies import PoliciesLocation, locate_policies
@@ -76,6 +77,8 @@ OPA_STARTUP_TIMEOUT_ENV: Final = "CAPGATE_OPA_STARTUP_TIMEOUT"
 MAX_STARTUP_TIMEOUT: Final = 3600.0
 #: The largest token file read; a token is at most a few kilobytes.
 _MAX_TOKEN_FILE_BYTES: Final = 8192
+#: What an OPA that is not ready fails, in the start-up error and in readiness.
+_NOT_HEALTHY: Final = "GET /health?bundles did not answer 200"
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,14 +354,35 @@ class PolicySidecar:
 
         What a service's readiness probe should report: until it is true no decision
         is obeyed (each one must carry this catalogue's digest), so the gateway
-        denies every call. Never raises.
+        denies every call. Never raises. :meth:`readiness` says why not.
         """
-        if self._client is None or not self._client.ready():
-            return False
+        return self.readiness().ok
+
+    def readiness(self) -> CheckResult:
+        """:meth:`ready`, with what was found: the bundle revision OPA answered under
+        (``facts["bundle_revision"]``), or what is wrong.
+
+        The check start-up makes, asked again: OPA healthy with every bundle active
+        (``GET /health?bundles``), then the catalogue digest it serves compared with
+        the one loaded here (and, for the embedded OPA, its answer's revision with
+        the pinned one, as on every answer). Never raises.
+        """
+        if self._client is None:
+            return CheckResult(ok=False, detail="the policy client is not set up")
+        if not self._client.ready():
+            return CheckResult(ok=False, detail=_NOT_HEALTHY)
         try:
-            return self._client.catalogue_digest() == self.expected_digest
-        except PolicyUnavailable:
-            return False
+            served = self._client.served_catalogue()
+        except PolicyUnavailable as exc:
+            return CheckResult(ok=False, detail=str(exc))
+        problem = self._catalogue_problem(served.digest)
+        if problem is not None:
+            return CheckResult(ok=False, detail=problem)
+        return CheckResult(
+            ok=True,
+            detail="healthy, every bundle active, serves this catalogue",
+            facts={"bundle_revision": served.revision},
+        )
 
     def _wait_ready(self, client: PolicyClient, seconds: float) -> None:
         """Poll OPA's readiness for up to ``seconds``; PolicyUnavailable after that.
@@ -385,14 +409,20 @@ class PolicySidecar:
         The client checks every decision again; this first check turns a wrong
         address or a stale bundle into one clear error before any agent is served.
         """
-        served = client.catalogue_digest()
-        if served != self.expected_digest:
-            shown = served if len(served) <= 80 else served[:77] + "..."
-            raise PolicyUnavailable(
-                f"OPA serves catalogue {shown!r}, but this dispatcher loaded "
-                f"{self.expected_digest}: rebuild the bundle (`capgate bundle`) or "
-                "point capgate at the matching catalogue"
-            )
+        problem = self._catalogue_problem(client.catalogue_digest())
+        if problem is not None:
+            raise PolicyUnavailable(problem)
+
+    def _catalogue_problem(self, served: str) -> str | None:
+        """What is wrong with the catalogue digest OPA serves (None: it is this one's)."""
+        if served == self.expected_digest:
+            return None
+        shown = served if len(served) <= 80 else served[:77] + "..."
+        return (
+            f"OPA serves catalogue {shown!r}, but this dispatcher loaded "
+            f"{self.expected_digest}: rebuild the bundle (`capgate bundle`) or "
+            "point capgate at the matching catalogue"
+        )
 
     def close(self) -> None:
         """Close the client, stop an owned OPA, remove its bundle. Safe to call twice."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
@@ -50,6 +51,7 @@ from capgate.gateway.model.decisions import (
     ExecuteDecision,
     ExecuteExplanation,
     ReviewDecision,
+    policy_revision,
 )
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
 from capgate.gateway.model.reasons import with_reasons
@@ -72,6 +74,7 @@ __all__ = [
     "EXPLAIN_EXECUTE_PATH",
     "REVIEW_PATH",
     "PolicyClient",
+    "ServedCatalogue",
 ]
 
 COMPOSE_PATH: Final = "capgate/compose/decision"
@@ -101,6 +104,16 @@ def _encode_input(path: str, input: dict[str, Any]) -> bytes:
         raise InvalidInput(
             f"input for {path} is not plain JSON ({type(exc).__name__}); OPA was not asked"
         ) from None
+
+
+@dataclass(frozen=True)
+class ServedCatalogue:
+    """What OPA serves: the compiled catalogue's digest, and the revision of the
+    bundles it answered from (:func:`~capgate.gateway.model.decisions.policy_revision`;
+    None when they carry none)."""
+
+    digest: str
+    revision: str | None
 
 
 class PolicyClient:
@@ -309,8 +322,17 @@ class PolicyClient:
 
         Raises PolicyUnavailable if OPA serves no catalogue or a malformed digest.
         """
+        return self.served_catalogue().digest
+
+    def served_catalogue(self) -> ServedCatalogue:
+        """The digest of the catalogue OPA serves and the revision it answered under.
+
+        One question; a pinned revision is checked on it as on every answer. Raises
+        PolicyUnavailable if OPA serves no catalogue or a malformed digest.
+        """
         path = CATALOGUE_DIGEST_PATH
-        result = self._edge.ask("GET", path).result
+        answer = self._edge.ask("GET", path)
+        result = answer.result
         if not isinstance(result, str) or not result:
             raise PolicyUnavailable(f"{path} is not a non-empty string")
-        return result
+        return ServedCatalogue(result, policy_revision(answer.bundle_revisions))

@@ -244,6 +244,12 @@ class Worker:
         self._thread.start()
         log.info("worker %s started", self.name)
 
+    @property
+    def running(self) -> bool:
+        """Whether this worker's thread is alive and it has not been told to stop."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stopping.is_set()
+
     def stop(self) -> None:
         """Stop claiming; wait up to ``stop_seconds`` for the dispatches under way, then
         give back the claims of any still running."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import httpx
 import httpx2
 import yaml
 from mcp.client.client import Client
@@ -281,9 +282,9 @@ def write_config(
 
 
 @contextmanager
-def opa_at(address: str, bundle: Path, log: Path) -> Iterator[None]:
+def opa_at(address: str, bundle: Path, log: Path) -> Iterator[int]:
     """``opa run`` serving ``bundle`` at exactly ``address`` (``http://127.0.0.1:PORT``),
-    as an operator starts, stops and restarts an OPA of their own."""
+    as an operator starts, stops and restarts an OPA of their own; yields its pid."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(find_opa_binary()), "run", "--server", "--skip-version-check",
@@ -294,7 +295,7 @@ def opa_at(address: str, bundle: Path, log: Path) -> Iterator[None]:
         )  # fmt: skip
     try:
         assert wait_healthy(address, proc, log), log.read_text()[-2000:]
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -355,14 +356,20 @@ class HttpServer:
 
 @contextmanager
 def http_server(
-    store: str, config: Path, record: Path, *, without: tuple[str, ...] = ()
+    store: str,
+    config: Path,
+    record: Path,
+    *,
+    without: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
 ) -> Iterator[HttpServer]:
     """``capgate serve --http 127.0.0.1:0``, its URL read from its stderr; stopped
     (SIGTERM) and waited for afterwards. ``without``: variables (say, a connection's
-    secret) left out of its environment."""
+    secret) left out of its environment; ``extra``: more arguments (``--opa``, ...)."""
     env = {k: v for k, v in server_env(record).items() if k not in without}
+    args = serve_args(store, config, "--http", "127.0.0.1:0", "--log-level", "debug", *extra)
     proc = subprocess.Popen(
-        [str(CAPGATE), *serve_args(store, config, "--http", "127.0.0.1:0", "--log-level", "debug")],
+        [str(CAPGATE), *args],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -403,6 +410,27 @@ def http_server(
             proc.wait()
         reader.join(timeout=5)
         proc.stderr.close()
+
+
+def readyz_until(http: httpx.Client, url: str, status: int, what: str) -> dict[str, Any]:
+    """Poll ``GET url`` (a server's ``/readyz``) until it answers ``status``; its body
+    then. A server that does not answer yet (being started again) is waited for too;
+    the whole wait is bounded by the hang bound, never a pace."""
+    deadline = time.monotonic() + INNER_HANG_SECONDS
+    while True:
+        try:
+            answer = http.get(url)
+        except httpx.TransportError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            assert answer.status_code in (200, 503), answer.text
+            if answer.status_code == status:
+                body: dict[str, Any] = answer.json()
+                return body
+            last = answer.text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer {status} ({what}): {last}")
+        time.sleep(0.1)
 
 
 def bearer(token: str | None, **kw: Any) -> httpx2.AsyncClient:

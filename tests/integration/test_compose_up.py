@@ -13,7 +13,12 @@ demo's MCP client. Then, against the running containers:
 - ``PUT /v1/policies/...`` and ``PUT /v1/data/...`` to the OPA container are refused
   (401), without a token and with the gateway's own;
 - OPA's decision log (``docker-compose logs opa``) is masked and carries the decision
-  ids of the gateway's ledger; no token is in any container's log.
+  ids of the gateway's ledger;
+- every container becomes healthy (their healthchecks, polled with
+  ``docker inspect``); ``docker-compose stop opa`` turns the gateway's ``/readyz`` to
+  503 naming opa, ``docker-compose start opa`` back to 200 (each polled, bounded by
+  the hang bound);
+- no token is in any container's log.
 
 Last, the section's last indented block (``docker-compose down``), and in any case a
 ``docker-compose down`` of the test's project and a check that no container is left.
@@ -29,6 +34,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,9 @@ from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.opa.deploy import opa_run_args
 from capgate.gateway.opa.sidecar import PolicySidecar
 from tests.conftest import CONTAINER_MARK
-from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS
+from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.containers_support import pinned_opa_version
-from tests.integration.mcp_server_support import http_session
+from tests.integration.mcp_server_support import http_session, readyz_until
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +63,7 @@ DOC = ROOT / "docs" / "deployment.md"
 SECTION = "## Docker Compose: the worked example"
 OPA = "http://127.0.0.1:8181"
 MCP = "http://127.0.0.1:8765/mcp"
+READYZ = "http://127.0.0.1:8765/readyz"
 PORTS = (8181, 8282, 8765)
 
 
@@ -127,6 +134,29 @@ def compose_logs(session: Path, env: dict[str, str], *services: str) -> str:
     )
 
 
+def health_of(session: Path, env: dict[str, str], service: str) -> str:
+    """The service's container's health (``starting``, ``healthy``, ``unhealthy``)."""
+    container = bash(f"docker-compose ps -q {service}", session, env, "docker-compose ps").strip()
+    assert container, f"no container for {service}"
+    return bash(
+        f"docker inspect --format '{{{{.State.Health.Status}}}}' {container}",
+        session,
+        env,
+        "docker inspect",
+    ).strip()
+
+
+def wait_healthy(session: Path, env: dict[str, str], *services: str) -> None:
+    """Poll until every service's container is healthy (a hang bound, not a pace)."""
+    deadline = time.monotonic() + INNER_HANG_SECONDS
+    for service in services:
+        while (status := health_of(session, env, service)) != "healthy":
+            assert status in ("starting", "healthy"), f"{service} is {status}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"{service} did not become healthy: {status}")
+            time.sleep(0.5)
+
+
 def decision_events(logs: str) -> list[dict[str, Any]]:
     events = []
     for line in logs.splitlines():
@@ -194,6 +224,13 @@ def test_the_compose_sidecar_runs_exactly_opa_run_args(tmp_path: Path) -> None:
         assert service["network_mode"] == "host"
         assert service["read_only"] is True
         assert service["cap_drop"] == ["ALL"]
+        assert service["restart"] == "unless-stopped"
+        assert service["healthcheck"]["test"][0] == "CMD"
+    # Each starts once what it needs is healthy.
+    assert services["opa"]["depends_on"] == {"bundle-server": {"condition": "service_healthy"}}
+    assert services["gateway"]["depends_on"] == {"opa": {"condition": "service_healthy"}}
+    assert services["opa"]["healthcheck"]["test"][1] == "/opa"  # the image's one program
+    assert "/readyz" in services["gateway"]["healthcheck"]["test"][-1]
 
 
 def test_docker_compose_up_and_the_demo_work_as_the_page_says(
@@ -269,6 +306,24 @@ def test_docker_compose_up_and_the_demo_work_as_the_page_says(
             store.close()
         assert ledger_ids, "the gateway's ledger records no decision"
         assert ledger_ids <= logged_ids
+
+        # Healthy, as `docker-compose ps` shows; the gateway's readiness follows OPA's:
+        # OPA stopped, /readyz answers 503 naming it; started again, 200.
+        wait_healthy(session, env | owner, "bundle-server", "opa", "gateway")
+        with httpx.Client(trust_env=False, timeout=INNER_HANG_SECONDS) as http:
+            ready = readyz_until(http, READYZ, 200, "the deployment is up")
+            assert ready["checks"]["opa"]["bundle_revision"]
+            bash("docker-compose stop opa", session, env | owner, "docker-compose stop opa")
+            body = readyz_until(http, READYZ, 503, "OPA stopped")
+            assert [name for name, check in body["checks"].items() if not check["ok"]] == ["opa"]
+            bash("docker-compose start opa", session, env | owner, "docker-compose start opa")
+            body = readyz_until(http, READYZ, 200, "OPA started again")
+            assert (
+                body["checks"]["opa"]["bundle_revision"]
+                == ready["checks"]["opa"]["bundle_revision"]
+            )
+        wait_healthy(session, env | owner, "opa", "gateway")
+        assert "(healthy)" in bash("docker-compose ps", session, env | owner, "docker-compose ps")
 
         # No token in any container's log.
         everything = compose_logs(session, env | owner)

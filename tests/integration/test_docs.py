@@ -61,6 +61,10 @@ info string                        rule
 ``json log-line``                  a decision's JSON log line, equal to the one
                                    ``log_decision`` writes for a decision with the block's
                                    own values (its time and span ids aside).
+``json readyz``                    ``/readyz``'s answer when ready: equal to what the
+                                   checks of ``capgate serve`` answer over the sales
+                                   catalogue's OPA, a fresh store and a running worker,
+                                   the bundle revision shortened to ``...``.
 =================================  =========================================================
 
 Shell blocks: all ``sh`` blocks of one document run in order in one session, whose
@@ -112,7 +116,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import jsonschema
@@ -137,8 +142,11 @@ from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, Principal
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices import NoticeSettings
 from capgate.gateway.service.notices.events import event_id, notice_body
+from capgate.gateway.service.worker import Worker
+from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
@@ -220,6 +228,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "mcp-tool-result": lambda b: b.lang == "json" and b.tag == "mcp-tool-result",
     "notice": lambda b: b.lang == "json" and b.tag == "notice",
     "log-line": lambda b: b.lang == "json" and b.tag == "log-line",
+    "readyz": lambda b: b.lang == "json" and b.tag == "readyz",
 }
 
 
@@ -687,6 +696,35 @@ def _serve_results() -> list[dict[str, Any]]:
 )
 def test_mcp_tool_result_block_is_a_real_answer(block: Block):
     assert json.loads(block.text) in _serve_results(), str(block)
+
+
+def _ready_answer(sidecar: PolicySidecar, folder: Path) -> dict[str, Any]:
+    store = open_store(str(folder / "state.db"))
+    try:
+        running = cast(Worker, SimpleNamespace(running=True))
+        readiness = Readiness(
+            {
+                "opa": sidecar.readiness,
+                "store": lambda: store_check(store),
+                "worker": lambda: worker_check(running),
+            },
+            timeout=ANSWER_TIMEOUT,  # an answer that must come, not a pace
+        )
+        return readiness.check().to_json()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("block", blocks_of("readyz"), ids=ids(blocks_of("readyz")))
+def test_readyz_block_is_a_real_answer(
+    block: Block, sales_sidecar: PolicySidecar, tmp_path: Path
+) -> None:
+    shown = json.loads(block.text)
+    real = _ready_answer(sales_sidecar, tmp_path)
+    revision = real["checks"]["opa"]["bundle_revision"]
+    assert revision.startswith(shown["checks"]["opa"]["bundle_revision"].removesuffix("..."))
+    shown["checks"]["opa"]["bundle_revision"] = revision
+    assert shown == real, str(block)
 
 
 # ------------------------------------------------------------------------ shell

@@ -76,6 +76,7 @@ from capgate.gateway.service.credentials import (
     NoCredentials,
 )
 from capgate.gateway.service.gateway import DEFAULT_LEASE
+from capgate.gateway.service.health import DEFAULT_CHECK_TIMEOUT
 from capgate.gateway.service.notices.settings import NoticeSettings
 from capgate.gateway.service.recovery import DEFAULT_RECONCILE_SECONDS
 from capgate.gateway.service.requests import AgentRequest
@@ -176,6 +177,9 @@ class ServeConfig(_Strict):
     #: How long one round of a reviewed call that awaits its decision waits before it
     #: answers input_required again (MCP 2026-07-28; fronts/mcp/awaiting.py).
     await_review_seconds: float = Field(default=DEFAULT_AWAIT_SECONDS, gt=0, le=300)
+    #: How long ``/readyz`` waits for its checks (OPA, the store, the worker) before
+    #: it answers 503 naming those that did not answer.
+    readiness_timeout_seconds: float = Field(default=DEFAULT_CHECK_TIMEOUT, gt=0, le=60)
     #: Threads running tool calls (each runs a call to its end) and decisions (lists,
     #: compose polls): two pools, so slow tools cannot hold up listing.
     max_concurrent_calls: int = Field(default=32, ge=1, le=1024)

@@ -15,6 +15,9 @@ The server listens on a loopback address only (``127.0.0.1``, any ``127.x.y.z``,
 ``::1``) and checks the ``Host`` and ``Origin`` headers against it (the SDK's DNS
 rebinding protection), so a web page in a browser on the same machine cannot reach
 it through a name it controls.
+
+Beside ``/mcp``, without a token: the liveness and readiness probes ``/healthz`` and
+``/readyz`` (:mod:`capgate.adapters.fronts.mcp.probes`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import BaseRoute, Mount, Route
 
 from capgate.adapters.fronts.mcp.config import ServeConfig
+from capgate.adapters.fronts.mcp.probes import probe_routes
 from capgate.adapters.fronts.mcp.server import GatewayMCP
 from capgate.gateway.errors import InvalidInput, quote
+from capgate.gateway.service.health import Readiness
 
 __all__ = ["MCP_PATH", "BindingVerifier", "http_app", "loopback_socket", "parse_listen_address"]
 
@@ -116,9 +121,13 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}{MCP_PATH}"
 
 
-def http_app(service: GatewayMCP, config: ServeConfig, *, port: int) -> Starlette:
-    """The ASGI app: bearer authentication, then the SDK's session manager; and the
-    review inbox at ``/inbox`` when the configuration names people to sign in."""
+def http_app(
+    service: GatewayMCP, config: ServeConfig, *, port: int, readiness: Readiness | None = None
+) -> Starlette:
+    """The ASGI app: bearer authentication, then the SDK's session manager; the
+    review inbox at ``/inbox`` when the configuration names people to sign in; and,
+    given ``readiness``, the probes ``/healthz`` and ``/readyz``
+    (:mod:`capgate.adapters.fronts.mcp.probes`)."""
     hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -128,6 +137,8 @@ def http_app(service: GatewayMCP, config: ServeConfig, *, port: int) -> Starlett
     manager = StreamableHTTPSessionManager(app=service.server, security_settings=security)
     endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
     routes: list[BaseRoute] = [Route(MCP_PATH, endpoint=endpoint)]
+    if readiness is not None:
+        routes.extend(probe_routes(readiness))
     if config.people and config.inbox.enabled:
         from capgate.adapters.fronts.inbox.app import INBOX_PATH, Inbox
 
@@ -145,11 +156,16 @@ def http_app(service: GatewayMCP, config: ServeConfig, *, port: int) -> Starlett
     )
 
 
-async def serve_http(service: GatewayMCP, config: ServeConfig, sock: socket.socket) -> None:
+async def serve_http(
+    service: GatewayMCP,
+    config: ServeConfig,
+    sock: socket.socket,
+    readiness: Readiness | None = None,
+) -> None:
     """Serve on ``sock`` until interrupted (Ctrl-C, SIGTERM)."""
     import uvicorn  # the SDK's own dependency; imported here, used here only
 
-    app = http_app(service, config, port=sock.getsockname()[1])
+    app = http_app(service, config, port=sock.getsockname()[1], readiness=readiness)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
