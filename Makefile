@@ -14,7 +14,7 @@ export TESTCONTAINERS_RYUK_DISABLED := true
 setup: ## build the pinned OPA and Regal, create .venv with the dev and mcp extras (idempotent)
 	@bash scripts/setup.sh
 
-setup-test: ## setup, plus the integration tests' PostgreSQL, Docker, debootstrap, Chromium (as root), MCP peers (npm)
+setup-test: ## setup, plus the integration tests' PostgreSQL, Docker, debootstrap, Chromium, Prometheus (as root), MCP peers (npm)
 	@bash scripts/setup.sh test
 
 help: ## list the targets with what each does

@@ -300,6 +300,10 @@ need_program "debootstrap" debootstrap has_debootstrap
 has_chromium() { command -v chromium >/dev/null; }
 need_program "Chromium" chromium has_chromium
 
+# Prometheus, run on loopback by the metrics test (tests/integration/test_metrics_prometheus.py).
+has_prometheus() { command -v prometheus >/dev/null; }
+need_program "Prometheus" prometheus has_prometheus
+
 # 5. MCP peers: servers nobody here wrote, from the registries, run offline by the tests.
 # The stamp holds the pins they were installed at; it lands only after both installs
 # succeed, so a failed install never looks complete. Node.js (npm) is needed for two.

@@ -57,6 +57,8 @@ from capgate.gateway.state.store import Store
 if TYPE_CHECKING:
     import socket
 
+    from capgate.adapters.fronts.metrics import GatewayMetrics
+    from capgate.gateway.model.contracts import Catalogue
     from capgate.gateway.service.health import Readiness
 
 __all__ = ["register", "run"]
@@ -157,14 +159,39 @@ def run(args: argparse.Namespace) -> int:
                     raise UnknownTenant(tenant)
         # Bound before OPA starts: a port in use is an error at once.
         sock = stack.enter_context(loopback_socket(*address)) if address else None
-        started = start_gateway(stack, parts, catalogue, store, opa_url=opa_option(args))
+        metrics = _metrics(config, catalogue, store) if sock is not None else None
+        started = start_gateway(
+            stack,
+            parts,
+            catalogue,
+            store,
+            opa_url=opa_option(args),
+            observers=[metrics.observe] if metrics is not None else [],
+        )
         worker = start_worker(stack, started.gateway, config) if args.worker else None
         start_notifier(stack, store, config)
         if sock is None:
             return _serve_stdio(started.gateway, config)
-        return _serve_http(started.gateway, config, sock, readiness_of(started, worker, config))
+        readiness = readiness_of(started, worker, config)
+        return _serve_http(started.gateway, config, sock, readiness, metrics)
 
     return run_until_stopped(args, "serve", serve)
+
+
+def _metrics(config: ServeConfig, catalogue: Catalogue, store: Store) -> GatewayMetrics | None:
+    """The metrics the configuration asks for (``metrics:``), or None."""
+    if config.metrics is None:
+        return None
+    try:
+        from capgate.adapters.fronts.metrics import GatewayMetrics
+    except ImportError:
+        raise InvalidInput(
+            "the configuration's metrics: section needs the metrics extra: "
+            "pip install 'capgate[metrics]'"
+        ) from None
+    from capgate.gateway.opa.declarations import declared_codes
+
+    return GatewayMetrics(catalogue, store, reason_codes=declared_codes())
 
 
 def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:
@@ -194,7 +221,11 @@ def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:
 
 
 def _serve_http(
-    gateway: Gateway, config: ServeConfig, sock: socket.socket, readiness: Readiness
+    gateway: Gateway,
+    config: ServeConfig,
+    sock: socket.socket,
+    readiness: Readiness,
+    metrics: GatewayMetrics | None,
 ) -> int:
     import anyio
 
@@ -209,5 +240,5 @@ def _serve_http(
         max_concurrent_decisions=config.max_concurrent_decisions,
         await_seconds=config.await_review_seconds,
     )
-    anyio.run(serve_http, service, config, sock, readiness)
+    anyio.run(serve_http, service, config, sock, readiness, metrics)
     return EXIT_OK

@@ -22,7 +22,7 @@ import argparse
 import contextlib
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -45,6 +45,7 @@ from capgate.cli.commands.common import (
 )
 from capgate.cli.logs import log_decision
 from capgate.demo.oracle_server import oracle_server_spec
+from capgate.gateway.enforce.dispatcher import DecisionEvent, Observer
 from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import PolicySidecar
@@ -206,9 +207,11 @@ def start_gateway(
     store: Store,
     *,
     opa_url: OPAAddress | None,
+    observers: Sequence[Observer] = (),
 ) -> Started:
     """Attach the upstream servers, start OPA, build the gateway, reconcile what a
-    previous process left open, and keep reconciling; all closed with ``stack``."""
+    previous process left open, and keep reconciling; all closed with ``stack``.
+    Each decision is logged, and told to ``observers`` (the metrics)."""
     if parts.upstreams:  # servers start at their first call, and stop with the stack
         try:
             from capgate.adapters.tools.mcp import McpTools
@@ -227,7 +230,7 @@ def start_gateway(
         store,
         credentials=parts.credentials,
         lease=parts.config.lease,
-        observer=log_decision,
+        observer=_each(log_decision, *observers),
     )
     gateway.reconcile()
     stack.enter_context(Reconciler(gateway, parts.config.reconcile_seconds))
@@ -246,6 +249,14 @@ def readiness_of(started: Started, worker: Worker | None, config: ServeConfig) -
         },
         timeout=config.readiness_timeout_seconds,
     )
+
+
+def _each(*observers: Observer) -> Observer:
+    def observe(event: DecisionEvent) -> None:
+        for observer in observers:
+            observer(event)
+
+    return observe if len(observers) > 1 else observers[0]
 
 
 def start_worker(

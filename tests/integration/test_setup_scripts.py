@@ -454,6 +454,7 @@ def test_a_second_setup_changes_nothing(built_tools: None) -> None:
         "setup: Docker engine and docker-compose present",
         "setup: debootstrap present",
         "setup: Chromium present",
+        "setup: Prometheus present",
         "setup: MCP peers are up to date",
         "setup: MCP Inspector CLIs are up to date",
     ]

@@ -108,6 +108,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MetricsSettings(_Strict):
+    """``metrics:``: serve ``/metrics`` (:mod:`capgate.adapters.fronts.metrics`)."""
+
+    #: The SHA-256 of the bearer token a scraper must send; none: anyone on loopback.
+    token_sha256: str | None = Field(default=None, pattern=_HEX64)
+
+
 class Binding(AgentRequest):
     """Who a caller is: the agent request every call of theirs is made with.
 
@@ -193,6 +200,8 @@ class ServeConfig(_Strict):
     operators: list[OperatorEntry] = Field(default_factory=list)
     #: The review inbox served beside ``/mcp`` (:mod:`capgate.adapters.fronts.inbox`).
     inbox: InboxSettings = Field(default_factory=InboxSettings)
+    #: Prometheus metrics at ``/metrics`` of the HTTP port (``capgate[metrics]``).
+    metrics: MetricsSettings | None = None
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -28,8 +28,9 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
+import anyio.to_thread
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
@@ -46,12 +47,17 @@ from capgate.adapters.fronts.mcp.server import GatewayMCP
 from capgate.gateway.errors import InvalidInput, quote
 from capgate.gateway.service.health import Readiness
 
+if TYPE_CHECKING:
+    from capgate.adapters.fronts.metrics import GatewayMetrics
+
 __all__ = ["MCP_PATH", "BindingVerifier", "http_app", "loopback_socket", "parse_listen_address"]
 
 log = logging.getLogger("capgate.serve")
 
 #: Where the MCP endpoint is served.
 MCP_PATH: Final = "/mcp"
+#: Where the Prometheus metrics are, when the configuration asks for them.
+METRICS_PATH: Final = "/metrics"
 
 
 class BindingVerifier:
@@ -122,12 +128,17 @@ def url_of(sock: socket.socket) -> str:
 
 
 def http_app(
-    service: GatewayMCP, config: ServeConfig, *, port: int, readiness: Readiness | None = None
+    service: GatewayMCP,
+    config: ServeConfig,
+    *,
+    port: int,
+    readiness: Readiness | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> Starlette:
     """The ASGI app: bearer authentication, then the SDK's session manager; the
-    review inbox at ``/inbox`` when the configuration names people to sign in; and,
+    review inbox at ``/inbox`` when the configuration names people to sign in;
     given ``readiness``, the probes ``/healthz`` and ``/readyz``
-    (:mod:`capgate.adapters.fronts.mcp.probes`)."""
+    (:mod:`capgate.adapters.fronts.mcp.probes`); given ``metrics``, ``/metrics``."""
     hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -144,6 +155,10 @@ def http_app(
 
         inbox = Inbox(service.desk, config.people_directory(), config.inbox, hosts=hosts)
         routes.append(Mount(INBOX_PATH, app=inbox.app()))
+    if metrics is not None:
+        routes.append(
+            Route(METRICS_PATH, endpoint=_metrics_endpoint(metrics, config), methods=["GET"])
+        )
     return Starlette(
         routes=routes,
         middleware=[
@@ -156,16 +171,40 @@ def http_app(
     )
 
 
+def _metrics_endpoint(metrics: GatewayMetrics, config: ServeConfig) -> Any:
+    """``GET /metrics``: the exposition, behind the configured token if there is one."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from capgate.adapters.fronts.metrics import CONTENT_TYPE
+
+    assert config.metrics is not None
+    token = config.metrics.token_sha256
+
+    async def endpoint(request: Request) -> Response:
+        if token is not None and not metrics.token_matches(
+            request.headers.get("authorization"), token
+        ):
+            return Response("unauthorized\n", status_code=401, media_type="text/plain")
+        body = await anyio.to_thread.run_sync(metrics.exposition)  # the store's gauges
+        return Response(body, media_type=CONTENT_TYPE)
+
+    return endpoint
+
+
 async def serve_http(
     service: GatewayMCP,
     config: ServeConfig,
     sock: socket.socket,
     readiness: Readiness | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> None:
     """Serve on ``sock`` until interrupted (Ctrl-C, SIGTERM)."""
     import uvicorn  # the SDK's own dependency; imported here, used here only
 
-    app = http_app(service, config, port=sock.getsockname()[1], readiness=readiness)
+    app = http_app(
+        service, config, port=sock.getsockname()[1], readiness=readiness, metrics=metrics
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
