@@ -90,6 +90,7 @@ from capgate.gateway.model.reasons import with_reasons
 from capgate.gateway.schema.validator import schema_validator
 from capgate.gateway.tools.contract import CallContext, Secret
 from capgate.gateway.tools.registry import ToolRegistry
+from capgate.gateway.tracing import annotate, span
 
 __all__ = ["ComposeExplainer", "DecisionEvent", "Dispatcher", "PolicyDecider", "policy_revision"]
 
@@ -392,15 +393,22 @@ class Dispatcher:
             account=account,
             credential=credential,
         )
-        outcome = run_tool(
-            authorised.adapter,
-            authorised.action,
-            contract,
-            self._schemas_for(contract).output,
-            authorised.prepared.params,
-            context,
-            grant,
-        )
+        with span(
+            "capgate.tool",
+            tool=contract.name,
+            tool_version=contract.version,
+            operation_id=grant.operation_id,
+        ):
+            outcome = run_tool(
+                authorised.adapter,
+                authorised.action,
+                contract,
+                self._schemas_for(contract).output,
+                authorised.prepared.params,
+                context,
+                grant,
+            )
+            annotate(status=outcome.status.value)
         self._emit_call(
             authorised.request,
             grant.decision_id,
@@ -498,6 +506,18 @@ class Dispatcher:
         )
 
     def _emit(self, event: DecisionEvent) -> None:
+        # The current span (capgate.compose, execute, review or dispatch) carries the
+        # decision too, in the allow-list of capgate.gateway.tracing.
+        annotate(
+            decision_id=event.decision_id,
+            allow=event.allow,
+            reason_codes=list(event.reason_codes),
+            tool=event.tool,
+            stage=event.stage,
+            status=event.status,
+            bundle_revision=event.revision,
+            visible_count=len(event.visible) if event.kind == "compose" else None,
+        )
         if self._observer is not None:
             self._observer(event)
 

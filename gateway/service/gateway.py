@@ -82,6 +82,7 @@ from capgate.gateway.state.records import (
 )
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
+from capgate.gateway.tracing import annotate, traced
 
 __all__ = ["Gateway", "ReviewPolicy"]
 
@@ -162,6 +163,7 @@ class Gateway:
         """
         return frozenset(self.dispatcher.compose(self.compose_facts(request)).visible)
 
+    @traced("capgate.compose")
     def compose(self, request: AgentRequest, *, reasons: bool = False) -> ComposeDecision:
         """Which tools may this agent see now? Connection state is read from the store.
 
@@ -219,6 +221,7 @@ class Gateway:
 
     # -- call, propose, review, dispatch ----------------------------------------------------
 
+    @traced("capgate.execute")
     def call(
         self,
         request: AgentRequest,
@@ -238,6 +241,7 @@ class Gateway:
         request = _request(request)
         self._names.check(request.principal.role, request.task.type, request.environment)
         operation_id = _operation_id(operation_id)
+        annotate(operation_id=operation_id)
         prepared = self.dispatcher.prepare(tool, params)
         contract = prepared.contract
         stage = Stage.PROPOSE if contract is not None and contract.needs_review else Stage.CALL
@@ -252,6 +256,7 @@ class Gateway:
             return self._proposals.propose(authorised, request)
         return self._operations.run(authorised, request.task_id, facts, proposal=None, review=None)
 
+    @traced("capgate.review")
     def review(
         self,
         proposal_id: str,
@@ -274,6 +279,7 @@ class Gateway:
         """
         return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl, comment=comment)
 
+    @traced("capgate.dispatch")
     def dispatch(self, proposal_id: str) -> Outcome:
         """Run a reviewed proposal, asking OPA first with the facts as they are now.
 

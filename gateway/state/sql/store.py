@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from capgate.gateway.errors import InvalidInput, StoreError, StoreVersionError, quote
 from capgate.gateway.state.backend import Backend, Session
@@ -33,6 +34,7 @@ from capgate.gateway.state.sql.listen import Notices, StoreListener
 from capgate.gateway.state.sql.tx import SqlTx
 from capgate.gateway.state.store import CHANNELS, Channel
 from capgate.gateway.state.times import Clock, read_clock, system_clock, to_text
+from capgate.gateway.tracing import start_span
 
 __all__ = ["SqlStore"]
 
@@ -47,6 +49,7 @@ class _Transaction:
         self._read_only = read_only
         self._session: Session | None = None
         self._tx: SqlTx | None = None
+        self._span: Any = None  # capgate.gateway.tracing's, ended with the transaction
 
     def __enter__(self) -> SqlTx:
         store = self._store
@@ -69,6 +72,7 @@ class _Transaction:
             raise
         self._session = session
         self._tx = SqlTx(session, store._dialect, now, read_only=self._read_only)
+        self._span = start_span("capgate.store.transaction", read_only=self._read_only)
         return self._tx
 
     def _begin(self) -> Session:
@@ -116,6 +120,8 @@ class _Transaction:
         finally:
             self._store._active.open = False
             self._store._release(session)
+            if self._span is not None:
+                self._span.end()
 
 
 class SqlStore:
