@@ -246,13 +246,9 @@ def proposal_view_answer(view: ProposalView) -> Answer:
         }
         for r in view.reviews
     ]
-    if view.operation is not None and view.operation.outcome is not None:
-        outcome = view.operation.outcome
-        facts["outcome"] = {
-            "status": outcome.get("status"),
-            "receipt": outcome.get("provider_receipt"),
-            "attempts": view.operation.attempts,
-        }
+    outcome = view.outcome()
+    if outcome is not None:
+        facts["outcome"] = outcome
     data = {**facts, "params": view.proposal.params}
     warning = "" if view.digest_matches else " WARNING: its content does not match its digest."
     text = (

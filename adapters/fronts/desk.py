@@ -24,7 +24,7 @@ caller may see:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -65,6 +65,16 @@ class ProposalView:
     #: sees whether the facts the proposal was made under still hold.
     connection_alias: str | None = None
     connection: ConnectionRecord | None = None
+
+    def outcome(self) -> dict[str, Any] | None:
+        """Once dispatched and settled: its status, the provider's receipt, attempts."""
+        if self.operation is None or self.operation.outcome is None:
+            return None
+        return {
+            "status": self.operation.outcome.get("status"),
+            "receipt": self.operation.outcome.get("provider_receipt"),
+            "attempts": self.operation.attempts,
+        }
 
 
 class ReviewDesk:

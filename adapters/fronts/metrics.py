@@ -29,7 +29,6 @@ configuration): without it, or with another, the answer is ``401`` and nothing e
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -39,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from capgate.adapters.fronts.mcp.config import token_digest
 from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.state.records import ProposalStatus
 
@@ -94,7 +94,7 @@ class GatewayMetrics:
         """``Authorization: Bearer <token>`` whose SHA-256 is ``token_sha256``."""
         if not authorization or not authorization.startswith("Bearer "):
             return False
-        digest = hashlib.sha256(authorization[7:].encode("utf-8", "surrogatepass")).hexdigest()
+        digest = token_digest(authorization.removeprefix("Bearer "))
         return hmac.compare_digest(digest.encode(), token_sha256.encode())
 
 

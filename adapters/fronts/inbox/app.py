@@ -67,8 +67,12 @@ from capgate.gateway.errors import (
     RequestForged,
     UnknownProposal,
 )
-from capgate.gateway.model.facts import Reviewer
-from capgate.gateway.state.records import ProposalRecord, ProposalStatus
+from capgate.gateway.model.facts import ConnectionStatus, Reviewer
+from capgate.gateway.state.records import (
+    ProposalRecord,
+    ProposalStatus,
+    ReviewRecord,
+)
 
 __all__ = ["INBOX_PATH", "Inbox"]
 
@@ -211,9 +215,8 @@ class Inbox:
             p=_row(view.proposal),
             view=view,
             fields=_fields(view.proposal.params),
-            recipient=_recipient(view.proposal.params),
             reviews=[_review(r) for r in view.reviews],
-            outcome=_outcome(view),
+            outcome=view.outcome(),
             connection=_connection(view),
             valid_until=_when(valid_until),
             approval_ttl=_duration(self.desk.gateway.approval_ttl.total_seconds()),
@@ -568,7 +571,7 @@ def _recipient(params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _review(review: Any) -> dict[str, Any]:
+def _review(review: ReviewRecord) -> dict[str, Any]:
     who = review.reviewer
     return {
         "verdict": review.verdict.value,
@@ -579,19 +582,7 @@ def _review(review: Any) -> dict[str, Any]:
         "at": _when(review.created_at),
         "expires_at": _when(review.expires_at),
         "used": review.consumed_at is not None,
-        "comment": getattr(review, "comment", None),
-    }
-
-
-def _outcome(view: ProposalView) -> dict[str, Any] | None:
-    operation = view.operation
-    if operation is None or operation.outcome is None:
-        return None
-    outcome = operation.outcome
-    return {
-        "status": outcome.get("status"),
-        "receipt": outcome.get("provider_receipt"),
-        "attempts": operation.attempts,
+        "comment": review.comment,
     }
 
 
@@ -602,7 +593,7 @@ def _connection(view: ProposalView) -> dict[str, Any] | None:
     return {
         "alias": view.connection_alias,
         "status": record.status.value if record is not None else "missing",
-        "active": record is not None and record.status.value == "active",
+        "active": record is not None and record.status is ConnectionStatus.ACTIVE,
         "account": record.account if record is not None else None,
     }
 
