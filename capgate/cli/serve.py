@@ -167,7 +167,11 @@ def run(args: argparse.Namespace) -> int:
             store,
             opa_url=opa_option(args),
             observers=[metrics.observe] if metrics is not None else [],
+            on_exchange=metrics.exchange if metrics is not None else None,
+            on_step=metrics.step if metrics is not None else None,
         )
+        if metrics is not None:
+            metrics.watch_opa(started.sidecar.readiness)
         worker = start_worker(stack, started.gateway, config) if args.worker else None
         start_notifier(stack, store, config)
         if sock is None:
@@ -191,7 +195,12 @@ def _metrics(config: ServeConfig, catalogue: Catalogue, store: Store) -> Gateway
         ) from None
     from capgate.gateway.opa.declarations import declared_codes
 
-    return GatewayMetrics(catalogue, store, reason_codes=declared_codes())
+    return GatewayMetrics(
+        catalogue,
+        store,
+        reason_codes=declared_codes(),
+        tenant_labels=config.metrics.tenant_labels,
+    )
 
 
 def _serve_stdio(gateway: Gateway, config: ServeConfig) -> int:

@@ -50,8 +50,9 @@ from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.policy.address import OPAAddress
+from capgate.gateway.policy.client import Exchange
 from capgate.gateway.service.credentials import CredentialResolver
-from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.gateway import Gateway, StepTiming
 from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices.notifier import Notifier
 from capgate.gateway.service.recovery import Reconciler
@@ -208,10 +209,13 @@ def start_gateway(
     *,
     opa_url: OPAAddress | None,
     observers: Sequence[Observer] = (),
+    on_exchange: Callable[[Exchange], None] | None = None,
+    on_step: Callable[[StepTiming], None] | None = None,
 ) -> Started:
     """Attach the upstream servers, start OPA, build the gateway, reconcile what a
     previous process left open, and keep reconciling; all closed with ``stack``.
-    Each decision is logged, and told to ``observers`` (the metrics)."""
+    Each decision is logged, and told to ``observers`` (the metrics), as are each
+    round trip to OPA (``on_exchange``) and each step's time (``on_step``)."""
     if parts.upstreams:  # servers start at their first call, and stop with the stack
         try:
             from capgate.adapters.tools.mcp import McpTools
@@ -222,7 +226,9 @@ def start_gateway(
         parts.registry.attach(
             stack.enter_context(McpTools(catalogue, parts.upstreams, store, unplaced=True))
         )
-    sidecar = stack.enter_context(PolicySidecar(catalogue, opa_url=opa_url))
+    sidecar = stack.enter_context(
+        PolicySidecar(catalogue, opa_url=opa_url, on_exchange=on_exchange)
+    )
     gateway = Gateway(
         catalogue,
         sidecar.client,
@@ -231,6 +237,7 @@ def start_gateway(
         credentials=parts.credentials,
         lease=parts.config.lease,
         observer=_each(log_decision, *observers),
+        on_step=on_step,
     )
     gateway.reconcile()
     stack.enter_context(Reconciler(gateway, parts.config.reconcile_seconds))

@@ -114,6 +114,8 @@ class DecisionEvent:
     via: str | None = None
     #: The policy bundle revision(s) the decision was made under, "name=rev,...".
     revision: str | None = None
+    #: The principal's tenant (a metrics label only where an operator turns it on).
+    tenant: str | None = None
 
 
 Observer = Callable[[DecisionEvent], None]
@@ -187,6 +189,7 @@ class Dispatcher:
             DecisionEvent(
                 kind="compose",
                 agent=facts.principal.agent,
+                tenant=facts.principal.tenant,
                 allow=bool(decision.visible),
                 visible=tuple(sorted(decision.visible)),
                 decision_id=decision.decision_id,
@@ -442,6 +445,7 @@ class Dispatcher:
             DecisionEvent(
                 kind="execute",
                 agent=authorised.request.principal.agent,
+                tenant=authorised.request.principal.tenant,
                 allow=True,
                 tool=authorised.contract.name,
                 decision_id=authorised.decision_id,
@@ -495,6 +499,7 @@ class Dispatcher:
             DecisionEvent(
                 kind="execute",
                 agent=request.principal.agent,
+                tenant=request.principal.tenant,
                 allow=allow,
                 tool=request.call.tool,
                 reason_codes=_codes(reasons),

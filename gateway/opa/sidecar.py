@@ -31,7 +31,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -47,7 +47,7 @@ from capgate.gateway.opa.policies import PoliciesLocation, locate_policies
 from capgate.gateway.opa.process import EMBEDDED_STARTUP_TIMEOUT, EmbeddedOPA
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
 from capgate.gateway.policy.address import OPA_URL_ENV, AddressOrigin, OPAAddress, check_token
-from capgate.gateway.policy.client import PolicyClient
+from capgate.gateway.policy.client import Exchange, PolicyClient
 from capgate.gateway.policy.timeouts import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 
 __all__ = [
@@ -224,6 +224,9 @@ class PolicySidecar:
     to become ready before failing closed. For the embedded OPA, ``startup_timeout``
     (default :data:`~capgate.gateway.opa.process.EMBEDDED_STARTUP_TIMEOUT`) is how
     long it may take to start and activate its bundle.
+
+    ``on_exchange`` hears every question's round trip to OPA (the metrics' latency;
+    see :class:`~capgate.gateway.policy.client.Exchange`).
     """
 
     def __init__(
@@ -239,6 +242,7 @@ class PolicySidecar:
         token: str | None = None,
         token_file: Path | None = None,
         startup_timeout: float | None = None,
+        on_exchange: Callable[[Exchange], None] | None = None,
     ) -> None:
         meta = compile_catalogue(catalogue)["meta"]
         self.expected_digest: str = meta["digest"]
@@ -302,6 +306,7 @@ class PolicySidecar:
                 expected_revision=revision,
                 token=secret,
                 catalogue_size=meta["tool_count"],
+                on_exchange=on_exchange,
             )
             del secret
             if wait > 0:

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -73,6 +75,7 @@ __all__ = [
     "EXPLAIN_COMPOSE_PATH",
     "EXPLAIN_EXECUTE_PATH",
     "REVIEW_PATH",
+    "Exchange",
     "PolicyClient",
     "ServedCatalogue",
 ]
@@ -83,6 +86,33 @@ REVIEW_PATH: Final = "capgate/review/decision"
 EXPLAIN_COMPOSE_PATH: Final = "capgate/explain/compose"
 EXPLAIN_EXECUTE_PATH: Final = "capgate/explain/execute"
 CATALOGUE_DIGEST_PATH: Final = "capgate/catalogue/meta/digest"
+
+#: The question each decision path asks, as :class:`Exchange` names it (a bounded
+#: set: a metrics label); any other path is a ``query``.
+_QUESTIONS: Final = {
+    COMPOSE_PATH: "compose",
+    EXECUTE_PATH: "execute",
+    REVIEW_PATH: "review",
+    EXPLAIN_COMPOSE_PATH: "explain",
+    EXPLAIN_EXECUTE_PATH: "explain",
+    CATALOGUE_DIGEST_PATH: "catalogue",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One question's round trip to OPA, as an ``on_exchange`` observer hears it.
+
+    ``seconds`` is the whole exchange (connect or pooled connection, request, the
+    answer read), not the time the caller spent before or after; ``answered`` is
+    False when no answer came (refused, timed out, not HTTP 200), whatever then
+    became of a malformed one.
+    """
+
+    question: str
+    seconds: float
+    answered: bool
+
 
 # Policy paths are fixed by the caller; refusing anything else keeps "..", "?" and
 # "%2e" tricks out of the URL.
@@ -150,6 +180,10 @@ class PolicyClient:
     :func:`~capgate.gateway.policy.address.check_token` for what is accepted); it is
     sent with every request and shown nowhere (``repr`` says only that one is set).
 
+    ``on_exchange`` hears each question's round trip (:class:`Exchange`: which
+    question, how long, whether OPA answered), for the metrics' latency histogram;
+    it is told nothing of the input or the answer.
+
     One ``httpx.Client`` is kept for the client's lifetime so decisions reuse a warm
     connection. Use it as a context manager or call :meth:`close`.
     """
@@ -165,6 +199,7 @@ class PolicyClient:
         expected_revision: str | None = None,
         token: str | None = None,
         catalogue_size: int | None = None,
+        on_exchange: Callable[[Exchange], None] | None = None,
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeouts must be positive: waiting forever would not fail closed")
@@ -194,6 +229,7 @@ class PolicyClient:
         self.expected_revision = expected_revision
         #: Whether a bearer token is sent (the token itself is never kept in reach).
         self.has_token = token is not None
+        self._on_exchange = on_exchange
         self._catalogue_limits = Limits(
             self.catalogue_timeout,
             connect_timeout,
@@ -283,7 +319,19 @@ class PolicyClient:
 
     def _query(self, path: str, input: dict[str, Any], limits: Limits | None = None) -> Envelope:
         _check_path(path)
-        return self._edge.ask("POST", path, limits, _encode_input(path, input))
+        body = _encode_input(path, input)
+        if self._on_exchange is None:
+            return self._edge.ask("POST", path, limits, body)
+        started = time.perf_counter()
+        answered = False
+        try:
+            envelope = self._edge.ask("POST", path, limits, body)
+            answered = True
+            return envelope
+        finally:
+            self._on_exchange(
+                Exchange(_QUESTIONS.get(path, "query"), time.perf_counter() - started, answered)
+            )
 
     def _decision(self, path: str, model: type[Decided], answer: Envelope) -> Decided:
         """The answer fitted to ``model``, made under the catalogue this client expects."""

@@ -30,11 +30,14 @@ returns the first outcome; with another call it is an
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -84,7 +87,7 @@ from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
 from capgate.gateway.tracing import annotate, traced
 
-__all__ = ["Gateway", "ReviewPolicy"]
+__all__ = ["Gateway", "ReviewPolicy", "StepTiming"]
 
 log = logging.getLogger("capgate.service")
 
@@ -99,6 +102,57 @@ _UNSETTLED: Final = (OutcomeStatus.RETRYABLE, OutcomeStatus.UNKNOWN)
 #: Checks an operation id as the policy input will (see _operation_id).
 _IDENTIFIER: Final = TypeAdapter(Identifier)
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One step of the life cycle, timed whole, as an ``on_step`` observer hears it.
+
+    ``step`` is compose, execute, review or dispatch; ``seconds`` covers everything
+    the step did (the store's facts, OPA, the tool, the records), so beside the OPA
+    exchange alone (:class:`~capgate.gateway.policy.client.Exchange`) it shows where
+    a slow call spent its time. ``result`` is ``ok``, ``denied`` (a policy said no:
+    a CapabilityViolation) or ``error`` (anything else raised).
+    """
+
+    step: str
+    seconds: float
+    result: str
+
+
+def _step(
+    name: str,
+) -> Callable[[Callable[Concatenate[Gateway, _P], _R]], Callable[Concatenate[Gateway, _P], _R]]:
+    """The decorated method is the step ``name``: inside the span ``capgate.<name>``
+    (:mod:`capgate.gateway.tracing`) and timed for the gateway's ``on_step``."""
+
+    def decorate(
+        method: Callable[Concatenate[Gateway, _P], _R],
+    ) -> Callable[Concatenate[Gateway, _P], _R]:
+        in_span = traced(f"capgate.{name}")(method)
+
+        @functools.wraps(method)
+        def wrapper(self: Gateway, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            if self._on_step is None:
+                return in_span(self, *args, **kwargs)
+            started = time.perf_counter()
+            result = "error"
+            try:
+                answer = in_span(self, *args, **kwargs)
+                result = "ok"
+                return answer
+            except CapabilityViolation:
+                result = "denied"
+                raise
+            finally:
+                self._on_step(StepTiming(name, time.perf_counter() - started, result))
+
+        return wrapper
+
+    return decorate
+
 
 class Gateway:
     """The stateful front: store-backed facts, the life cycle, the ledger.
@@ -109,6 +163,8 @@ class Gateway:
     the state (see :func:`capgate.gateway.state.open_store`); ``credentials``
     resolves a connection's secret at dispatch only. Each step of the life cycle is
     the job of one module of this package; this class wires them and is the way in.
+    ``observer`` hears each decision (:class:`~capgate.gateway.enforce.dispatcher.DecisionEvent`)
+    and ``on_step`` how long each step took (:class:`StepTiming`): the metrics.
     """
 
     def __init__(
@@ -123,6 +179,7 @@ class Gateway:
         lease: timedelta = DEFAULT_LEASE,
         duplicate_wait: float = DEFAULT_DUPLICATE_WAIT,
         observer: Callable[[DecisionEvent], None] | None = None,
+        on_step: Callable[[StepTiming], None] | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.policy = policy
@@ -140,6 +197,7 @@ class Gateway:
         self._recovery = Recovery(store, catalogue, registry, self.dispatcher, self.credentials)
         #: Renews the leases of the operations this gateway runs.
         self._leases = self._operations.leases
+        self._on_step = on_step
 
     @property
     def approval_ttl(self) -> timedelta:
@@ -163,7 +221,7 @@ class Gateway:
         """
         return frozenset(self.dispatcher.compose(self.compose_facts(request)).visible)
 
-    @traced("capgate.compose")
+    @_step("compose")
     def compose(self, request: AgentRequest, *, reasons: bool = False) -> ComposeDecision:
         """Which tools may this agent see now? Connection state is read from the store.
 
@@ -221,7 +279,7 @@ class Gateway:
 
     # -- call, propose, review, dispatch ----------------------------------------------------
 
-    @traced("capgate.execute")
+    @_step("execute")
     def call(
         self,
         request: AgentRequest,
@@ -256,7 +314,7 @@ class Gateway:
             return self._proposals.propose(authorised, request)
         return self._operations.run(authorised, request.task_id, facts, proposal=None, review=None)
 
-    @traced("capgate.review")
+    @_step("review")
     def review(
         self,
         proposal_id: str,
@@ -279,7 +337,7 @@ class Gateway:
         """
         return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl, comment=comment)
 
-    @traced("capgate.dispatch")
+    @_step("dispatch")
     def dispatch(self, proposal_id: str) -> Outcome:
         """Run a reviewed proposal, asking OPA first with the facts as they are now.
 

@@ -69,16 +69,16 @@ def prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen[bytes], st
     return proc, f"http://{address}"
 
 
-def query(http: httpx.Client, url: str) -> dict[str, float]:
+def query(
+    http: httpx.Client, url: str, promql: str = QUERY, by: str = "reason"
+) -> dict[str, float]:
     try:
-        answer = http.get(f"{url}/api/v1/query", params={"query": QUERY})
+        answer = http.get(f"{url}/api/v1/query", params={"query": promql})
     except httpx.TransportError:
         return {}  # not listening yet
     if answer.status_code != 200:
         return {}
-    return {
-        r["metric"].get("reason", ""): float(r["value"][1]) for r in answer.json()["data"]["result"]
-    }
+    return {r["metric"].get(by, ""): float(r["value"][1]) for r in answer.json()["data"]["result"]}
 
 
 def test_prometheus_scrapes_the_decisions_by_reason_code(tmp_path: Path):
@@ -126,6 +126,19 @@ def test_prometheus_scrapes_the_decisions_by_reason_code(tmp_path: Path):
                     time.sleep(0.5)
                     seen = query(http, url)
                 assert seen == expected, (seen, (tmp_path / "prometheus.log").read_text()[-2000:])
+                # The same scrape carries the latencies (5 execute steps and 5 OPA
+                # round trips: 2 allowed, 3 denied) and OPA's readiness.
+                steps = query(
+                    http, url, 'sum by (result) (capgate_step_seconds_count{step="execute"})',
+                    by="result",
+                )  # fmt: skip
+                assert steps == {"ok": 2.0, "denied": 3.0}
+                exchanges = query(
+                    http, url, "sum by (question) (capgate_policy_exchange_seconds_count)",
+                    by="question",
+                )  # fmt: skip
+                assert exchanges.get("execute") == 5.0, exchanges
+                assert query(http, url, "capgate_opa_ready", by="") == {"": 1.0}
                 targets: Any = http.get(f"{url}/api/v1/targets").json()
                 [target] = targets["data"]["activeTargets"]
                 assert target["health"] == "up"

@@ -1023,3 +1023,32 @@ def test_the_bearer_token_goes_with_decisions_and_health_and_nowhere_else() -> N
     with PolicyClient("http://127.0.0.1:8181", transport=transport) as client:
         assert client.catalogue_digest() == DIGEST
     assert "Authorization" not in seen[-1].headers
+
+
+def test_each_round_trip_is_told_to_the_exchange_observer_without_the_input() -> None:
+    import dataclasses
+
+    from capgate.gateway.policy.client import Exchange
+
+    heard: list[Exchange] = []
+    documents = iter(
+        [
+            {"result": EXECUTE_RESULT, "decision_id": "d-1", "provenance": PROVENANCE},
+            None,  # then OPA fails: 500
+        ]
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        document = next(documents)
+        return httpx.Response(500 if document is None else 200, json=document or {})
+
+    client = PolicyClient(
+        "http://127.0.0.1:8181", transport=httpx.MockTransport(handler), on_exchange=heard.append
+    )
+    client.execute(execute_facts())
+    with pytest.raises(PolicyUnavailable):
+        client.compose(compose_facts())
+    assert [(e.question, e.answered) for e in heard] == [("execute", True), ("compose", False)]
+    assert all(e.seconds >= 0 for e in heard)
+    # An observer hears which question, how long and whether OPA answered: no facts.
+    assert [f.name for f in dataclasses.fields(Exchange)] == ["question", "seconds", "answered"]

@@ -113,6 +113,9 @@ class MetricsSettings(_Strict):
 
     #: The SHA-256 of the bearer token a scraper must send; none: anyone on loopback.
     token_sha256: str | None = Field(default=None, pattern=_HEX64)
+    #: A ``tenant`` label on decisions, outcomes and budgets: one series per tenant,
+    #: which only an operator who knows how many tenants there are should ask for.
+    tenant_labels: bool = False
 
 
 class Binding(AgentRequest):
