@@ -25,7 +25,15 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import HANG_SECONDS
-from tests.integration.mcp_server_support import binding, seed_store, stdio_session, write_config
+from tests.integration.mcp_server_support import (
+    SALES_BOT,
+    binding,
+    http_server,
+    http_session,
+    seed_store,
+    stdio_session,
+    write_config,
+)
 from tests.integration.opa_servers import free_port
 from tests.unit.gateway_support import open_seeded_store
 
@@ -136,6 +144,30 @@ def test_serve_warns_at_start_up_about_a_typod_binding(tmp_path: Path):
     assert [name for name in names if not name.startswith(DESK_PREFIX)] == []
     err = errlog.read_text(encoding="utf-8")
     assert f"capgate: warning: {config}: binding 'stdio': {DID_YOU_MEAN}" in err
+
+
+def test_serve_http_warns_about_the_typod_binding_by_its_name(tmp_path: Path):
+    store = seed_store(tmp_path / "state.db")
+    token = "agent-token-typo-7a7a7a"
+    config = write_config(
+        tmp_path / "typo.yaml",
+        http={
+            "good": ("agent-token-good-8b8b8b", SALES_BOT),
+            "typo": (token, binding("sales-bot", "salse", "task-1")),
+        },
+    )
+
+    async def listed(url: str) -> list[str]:
+        with anyio.fail_after(HANG_SECONDS):
+            async with http_session(url, token) as client:
+                return [tool.name for tool in (await client.list_tools()).tools]
+
+    with http_server(store, config, tmp_path / "record.jsonl") as server:
+        names: list[Any] = anyio.run(listed, server.url)
+        err = server.stderr
+    assert [name for name in names if not name.startswith(DESK_PREFIX)] == []
+    assert f"capgate: warning: {config}: binding 'typo': {DID_YOU_MEAN}" in err
+    assert "binding 'good'" not in err  # a declared role is not warned about
 
 
 # -- an OPA that cannot be reached, or does not start -----------------------------------
