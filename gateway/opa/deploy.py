@@ -12,6 +12,8 @@ never committed::
     gateway/opa-token     0600  the gateway's bearer token ($CAPGATE_OPA_TOKEN_FILE)
     signing/bundle.key    0600  the bundle-signing private key (where bundles are built)
     signing/bundle.pub    0644  its public key (also inlined in the OPA config)
+    signing/diagnostics.json
+                          0644  which of OPA's diagnostics the bundles open: {"metrics": false}
     opa/config.yaml       0644  the sidecars' OPA configuration: no secret in it
 
 **The signed bundle** (:func:`write_signed_bundle`): the capgate bundle of
@@ -24,6 +26,18 @@ signed by ``opa build --signing-key``. One archive, one signature, one revision
 (over everything in it): the API lock, the log mask and the decisions can only be
 changed together, by whoever holds the signing key. The token never enters the
 bundle, only its hash.
+
+**OPA's metrics** (``deploy init --allow-opa-metrics``, off by default): OPA refuses
+``GET /metrics`` to everyone, the gateway included, unless the bundle sets
+``data.system.gateway.diagnostics.metrics`` to true; then ``system.authz`` lets anyone
+who reaches OPA ask exactly that (no other method, path or query parameter), so
+Prometheus can scrape it without the gateway's token. A switch in the signed bundle,
+not a flag of ``opa run``: OPA v1.22.4 applies the same authentication and
+``system.authz`` on its ``--diagnostic-addr`` listener as on the main one, so a
+diagnostic address opens nothing by itself. Init records the choice beside the signing
+key (``signing/diagnostics.json``), where every bundle is built, and
+:func:`write_signed_bundle` reads it from there, so a later bundle keeps the choice
+without being told again; edit the file and publish a new bundle to change it.
 
 **The OPA process** (:func:`opa_run_args`): ``opa run --server`` with
 ``--authentication=token --authorization=basic`` and the configuration above, which
@@ -64,6 +78,7 @@ __all__ = [
     "BUNDLE_NAME",
     "DEFAULT_BUNDLE_URL",
     "DEFAULT_POLLING",
+    "DIAGNOSTICS_FILE",
     "KEY_ID",
     "SYSTEM_ROOTS",
     "Deployment",
@@ -72,6 +87,7 @@ __all__ = [
     "generate_token",
     "init_deployment",
     "opa_config",
+    "opa_metrics_allowed",
     "opa_run_args",
     "signing_algorithm",
     "system_files",
@@ -91,8 +107,13 @@ DEFAULT_POLLING: Final = (10, 30)
 SYSTEM_ROOTS: Final = ("system/authz", "system/log", "system/gateway")
 #: The system policy folders (under the policies folder) the bundle must carry.
 _SYSTEM_POLICY_DIRS: Final = ("system/authz", "system/log")
-#: Where the gateway token hashes sit: ``data.system.gateway.tokens``.
+#: Where the gateway token hashes sit: ``data.system.gateway.tokens`` (and the
+#: diagnostics switch, ``data.system.gateway.diagnostics``).
 _TOKENS_DATA: Final = "system/gateway/data.json"
+#: The file beside the signing key that says which of OPA's diagnostics bundles open.
+DIAGNOSTICS_FILE: Final = "diagnostics.json"
+#: What that file may name: OPA's ``GET /metrics``, and nothing else.
+_DIAGNOSTICS: Final = frozenset({"metrics"})
 
 # DER-encoded object identifiers, as they appear in PEM keys (tag, length, value).
 _RSA: Final = bytes.fromhex("06092a864886f70d010101")
@@ -124,6 +145,10 @@ class Deployment:
         return self.root / "signing" / "bundle.pub"
 
     @property
+    def diagnostics(self) -> Path:
+        return self.root / "signing" / DIAGNOSTICS_FILE
+
+    @property
     def opa_config(self) -> Path:
         return self.root / "opa" / "config.yaml"
 
@@ -135,6 +160,8 @@ class SignedBundle:
     path: Path
     revision: str
     algorithm: str
+    #: Whether its ``system.authz`` lets anyone ask OPA's ``GET /metrics``.
+    opa_metrics: bool = False
 
 
 def generate_token() -> str:
@@ -293,12 +320,15 @@ def init_deployment(
     *,
     bundle_url: str = DEFAULT_BUNDLE_URL,
     polling: tuple[int, int] = DEFAULT_POLLING,
+    allow_opa_metrics: bool = False,
 ) -> Deployment:
     """Create a deployment folder: token, signing key pair, OPA configuration.
 
     ``root`` must not exist or be empty: keys and tokens are never overwritten
     (FileExistsError). Everything is made in a private sibling folder first and
-    renamed into place, so a failure leaves nothing half-made.
+    renamed into place, so a failure leaves nothing half-made. ``allow_opa_metrics``
+    is recorded in ``signing/diagnostics.json`` for every bundle built with the key
+    (see the module docstring); off, the bundles keep OPA's ``/metrics`` closed.
     """
     root = Path(root)
     if os.path.lexists(root) and (not root.is_dir() or root.is_symlink() or any(root.iterdir())):
@@ -316,6 +346,8 @@ def init_deployment(
             os.chmod(staging / folder, mode)
         _write_new(made.token_file, (generate_token() + "\n").encode("ascii"), 0o600)
         generate_signing_key(made.signing_key, made.verification_key)
+        diagnostics = {"metrics": bool(allow_opa_metrics)}
+        _write_new(made.diagnostics, (json.dumps(diagnostics) + "\n").encode(), 0o644)
         config = opa_config(
             bundle_url=bundle_url,
             verification_key=made.verification_key.read_bytes(),
@@ -339,13 +371,50 @@ def init_deployment(
     return Deployment(root)
 
 
-def system_files(policies_dir: Path, token_hashes: Iterable[str]) -> dict[str, bytes]:
-    """The system part of a deployment bundle: policies and the gateway token hashes.
+def opa_metrics_allowed(signing_key: Path) -> bool:
+    """Whether bundles signed with ``signing_key`` open OPA's ``GET /metrics``.
+
+    Read from ``diagnostics.json`` beside the key, which ``deploy init`` writes; a key
+    without one (made elsewhere) keeps ``/metrics`` closed. ValueError for a file that
+    is not a JSON object of booleans naming only ``metrics``: a bundle is never built
+    on a guess about what it opens.
+    """
+    path = Path(signing_key).with_name(DIAGNOSTICS_FILE)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it: {exc.strerror}") from None
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise ValueError(f'{path}: not a JSON object such as {{"metrics": false}}')
+    unknown = sorted(set(recorded) - _DIAGNOSTICS)
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown diagnostic {', '.join(map(repr, unknown))}: only OPA's "
+            '"metrics" (GET /metrics) can be opened'
+        )
+    metrics = recorded.get("metrics", False)
+    if not isinstance(metrics, bool):
+        raise ValueError(f'{path}: "metrics" must be true or false, not {metrics!r}')
+    return metrics
+
+
+def system_files(
+    policies_dir: Path, token_hashes: Iterable[str], *, opa_metrics: bool = False
+) -> dict[str, bytes]:
+    """The system part of a deployment bundle: policies, token hashes, diagnostics.
 
     Every ``*.rego`` (tests excluded) under ``system/authz`` and ``system/log`` of
     ``policies_dir``, by path, and ``system/gateway/data.json`` listing the hashes
-    (:func:`token_sha256`). FileNotFoundError if either folder holds no policy,
-    ValueError without a hash or with one that is not lower-case hex SHA-256.
+    (:func:`token_sha256`) and whether ``system.authz`` opens OPA's ``GET /metrics``
+    (``diagnostics.metrics``, written out even when false, so the bundle says it).
+    FileNotFoundError if either folder holds no policy, ValueError without a hash or
+    with one that is not lower-case hex SHA-256.
     """
     hashes = sorted(set(token_hashes))
     if not hashes:
@@ -370,8 +439,11 @@ def system_files(policies_dir: Path, token_hashes: Iterable[str]) -> dict[str, b
             )
         for path in found:
             files[path.relative_to(policies_dir).as_posix()] = path.read_bytes()
-    tokens: dict[str, dict[str, dict[str, str]]] = {"tokens": {value: {} for value in hashes}}
-    files[_TOKENS_DATA] = (json.dumps(tokens, indent=2, sort_keys=True) + "\n").encode()
+    gateway = {
+        "diagnostics": {"metrics": opa_metrics is True},
+        "tokens": {value: {} for value in hashes},
+    }
+    files[_TOKENS_DATA] = (json.dumps(gateway, indent=2, sort_keys=True) + "\n").encode()
     return files
 
 
@@ -389,8 +461,9 @@ def write_signed_bundle(
     ``tokens`` are the gateway tokens OPA must accept (only their hashes are
     written). The bundle is built in a private folder beside ``out`` with ``opa
     build --signing-key`` (the algorithm read from the key) and renamed over
-    ``out``, so a bundle server serving ``out`` never serves half a file.
-    OPAProcessError if ``opa build`` fails.
+    ``out``, so a bundle server serving ``out`` never serves half a file. Whether it
+    opens OPA's ``GET /metrics`` is what ``diagnostics.json`` beside the signing key
+    says (:func:`opa_metrics_allowed`). OPAProcessError if ``opa build`` fails.
     """
     out = Path(out)
     if not out.name.endswith(".tar.gz"):
@@ -404,8 +477,9 @@ def write_signed_bundle(
         raise ValueError(f"signing key {signing_key}: cannot read it: {exc.strerror}") from None
     except ValueError as exc:
         raise ValueError(f"signing key {signing_key}: {exc}") from None
+    metrics = opa_metrics_allowed(Path(signing_key))
     policies = default_policies_dir() if policies_dir is None else Path(policies_dir)
-    extra = system_files(policies, [token_sha256(token) for token in tokens])
+    extra = system_files(policies, [token_sha256(token) for token in tokens], opa_metrics=metrics)
     opa = find_opa(opa_binary)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Absolute: opa build runs in the bundle folder, not here.
@@ -443,7 +517,7 @@ def write_signed_bundle(
             raise OPAProcessError(f"opa build could not sign the bundle:\n{tail}")
         archive.chmod(0o644)  # the bundle server may run as another user
         os.replace(archive, out)
-    return SignedBundle(out, revision, algorithm)
+    return SignedBundle(out, revision, algorithm, opa_metrics=metrics)
 
 
 def opa_run_args(*, config_file: Path, addr: str, opa_binary: Path | None = None) -> list[str]:

@@ -119,9 +119,16 @@ def bundle_server(root: Path) -> Iterator[BundleServer]:
         server.close()
 
 
-def new_deployment(folder: Path, server: BundleServer) -> tuple[Deployment, str]:
+def new_deployment(
+    folder: Path, server: BundleServer, *, allow_opa_metrics: bool = False
+) -> tuple[Deployment, str]:
     """A deployment folder whose sidecars poll ``server`` every 1-2 s, and its token."""
-    made = init_deployment(folder, bundle_url=server.bundle_url, polling=POLLING)
+    made = init_deployment(
+        folder,
+        bundle_url=server.bundle_url,
+        polling=POLLING,
+        allow_opa_metrics=allow_opa_metrics,
+    )
     return made, read_token_file(made.token_file)
 
 
@@ -151,6 +158,8 @@ class Sidecar:
     address: str
     proc: subprocess.Popen[bytes]
     log: Path
+    #: OPA's diagnostic listener, when it was started with one.
+    diagnostic_address: str | None = None
 
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []
@@ -177,19 +186,23 @@ def _listening(port: int) -> bool:
 
 
 @contextmanager
-def sidecar_opa(config: Path, log: Path) -> Iterator[Sidecar]:
+def sidecar_opa(config: Path, log: Path, *, diagnostic_addr: bool = False) -> Iterator[Sidecar]:
     """A locked-down OPA as :func:`opa_run_args` runs it, on a free 127.0.0.1 port.
 
     Returns once OPA listens, not once it is ready: whether it becomes ready is what
     the tests look at. Its environment is empty but for HOME (a test folder).
+    With ``diagnostic_addr``, OPA also serves its diagnostic listener (``/health`` and
+    ``/metrics`` only) on a second free 127.0.0.1 port, ``Sidecar.diagnostic_address``.
     """
     home = log.parent / f"{log.stem}-home"
     home.mkdir(parents=True, exist_ok=True)
     for _attempt in range(3):  # the port can be taken between probe and bind
         port = free_port()
+        diagnostic = free_port() if diagnostic_addr else None
+        extra = ["--diagnostic-addr", f"127.0.0.1:{diagnostic}"] if diagnostic else []
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                opa_run_args(config_file=config, addr=f"127.0.0.1:{port}"),
+                [*opa_run_args(config_file=config, addr=f"127.0.0.1:{port}"), *extra],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -199,8 +212,9 @@ def sidecar_opa(config: Path, log: Path) -> Iterator[Sidecar]:
             # A slow start is no taken port: only a hang ends this wait.
             deadline = time.monotonic() + INNER_HANG_SECONDS
             while proc.poll() is None and time.monotonic() < deadline:
-                if _listening(port):
-                    yield Sidecar(f"http://127.0.0.1:{port}", proc, log)
+                if _listening(port) and (diagnostic is None or _listening(diagnostic)):
+                    diagnostic_address = f"http://127.0.0.1:{diagnostic}" if diagnostic else None
+                    yield Sidecar(f"http://127.0.0.1:{port}", proc, log, diagnostic_address)
                     return
                 time.sleep(0.05)
         finally:

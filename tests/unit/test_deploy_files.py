@@ -23,10 +23,12 @@ from capgate.gateway.opa.deploy import (
     SYSTEM_ROOTS,
     init_deployment,
     opa_config,
+    opa_metrics_allowed,
     opa_run_args,
     signing_algorithm,
     system_files,
     token_sha256,
+    write_signed_bundle,
 )
 from capgate.gateway.opa.policies import default_policies_dir
 from capgate.gateway.opa.sidecar import read_token_file
@@ -46,6 +48,10 @@ def test_init_writes_a_private_token_a_key_pair_and_a_config_without_secrets(tmp
     assert (mode(made.signing_key), mode(made.signing_key.parent)) == (0o600, 0o700)
     assert mode(made.verification_key) == 0o644
     assert mode(made.opa_config) == 0o644
+    assert mode(made.diagnostics) == 0o644
+    assert made.diagnostics.parent == made.signing_key.parent
+    assert json.loads(made.diagnostics.read_text()) == {"metrics": False}
+    assert opa_metrics_allowed(made.signing_key) is False
     key = made.signing_key.read_bytes()
     assert b"PRIVATE KEY" in key
     assert signing_algorithm(key) == signing_algorithm(made.verification_key.read_bytes())
@@ -167,7 +173,13 @@ def test_the_system_part_holds_the_policies_and_token_hashes_only():
         "system/gateway/data.json",
     }
     data = json.loads(files["system/gateway/data.json"])
-    assert data == {"tokens": {hashlib.sha256(b"gw-token").hexdigest(): {}}}
+    assert data == {
+        "diagnostics": {"metrics": False},
+        "tokens": {hashlib.sha256(b"gw-token").hexdigest(): {}},
+    }
+    opened = system_files(POLICIES, [token_sha256(token)], opa_metrics=True)
+    assert json.loads(opened["system/gateway/data.json"])["diagnostics"] == {"metrics": True}
+    assert set(opened) == set(files)
     assert all(any(name.startswith(root + "/") for root in SYSTEM_ROOTS) for name in files)
     with pytest.raises(ValueError, match="at least one gateway token"):
         system_files(POLICIES, [])
@@ -201,3 +213,54 @@ def test_the_embedded_bundle_leaves_the_system_policies_out(tmp_path: Path):
             write_bundle(catalogue, tmp_path / "bad", extra=bad)
     with pytest.raises(ValueError, match="roots"):
         write_bundle(catalogue, tmp_path / "bad", extra_roots=["capgate"])
+
+
+def test_opa_metrics_are_opened_only_by_init_and_only_by_a_boolean(tmp_path: Path):
+    """``--allow-opa-metrics`` is recorded beside the signing key, where every bundle
+    is built; a key without the record keeps /metrics closed; a record that says
+    anything but true or false for metrics alone stops the build."""
+    made = init_deployment(tmp_path / "open", allow_opa_metrics=True)
+    assert json.loads(made.diagnostics.read_text()) == {"metrics": True}
+    assert opa_metrics_allowed(made.signing_key) is True
+    elsewhere = tmp_path / "elsewhere" / "key.pem"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(made.signing_key.read_bytes())
+    assert opa_metrics_allowed(elsewhere) is False
+    record = elsewhere.with_name("diagnostics.json")
+    for text, why in (
+        ("{}", None),
+        ('{"metrics": false}', None),
+        ('{"metrics": "true"}', "true or false"),
+        ('{"metrics": 1}', "true or false"),
+        ('{"metrics": true, "data": true}', 'only OPA\'s "metrics"'),
+        ('{"pprof": true}', "unknown diagnostic 'pprof'"),
+        ("[true]", "not a JSON object"),
+        ("true", "not a JSON object"),
+        ("metrics: true", "not a JSON object"),
+    ):
+        record.write_text(text)
+        if why is None:
+            assert opa_metrics_allowed(elsewhere) is False, text
+        else:
+            with pytest.raises(ValueError, match=why):
+                opa_metrics_allowed(elsewhere)
+    # A bundle is not built on a record it cannot read (before OPA is even looked for).
+    catalogue = load_catalogue(demo_catalogue_dir("sales"))
+    with pytest.raises(ValueError, match=r"diagnostics\.json"):
+        write_signed_bundle(
+            catalogue, tmp_path / "b.tar.gz", signing_key=elsewhere, tokens=["gw-token"]
+        )
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_the_cli_records_and_prints_whether_opa_metrics_are_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    assert main(["deploy", "init", str(tmp_path / "closed")]) == EXIT_OK
+    assert "GET /metrics refused to everyone" in capsys.readouterr().out
+    assert json.loads((tmp_path / "closed/signing/diagnostics.json").read_text()) == {
+        "metrics": False
+    }
+    assert main(["deploy", "init", str(tmp_path / "open"), "--allow-opa-metrics"]) == EXIT_OK
+    assert "GET /metrics open to anyone who reaches OPA" in capsys.readouterr().out
+    assert json.loads((tmp_path / "open/signing/diagnostics.json").read_text()) == {"metrics": True}

@@ -1,13 +1,18 @@
 """``capgate deploy init`` and ``capgate bundle --sign-key``: the deployment's own files.
 
     capgate deploy init DIR [--bundle-url URL] [--poll-min-delay S] [--poll-max-delay S]
+                            [--allow-opa-metrics]
     capgate bundle CATALOGUE OUT.tar.gz --sign-key KEY --token-file FILE [--token-file ...]
 
 ``deploy init`` makes a deployment folder once (:func:`capgate.gateway.opa.deploy.init_deployment`:
 the gateway's OPA token, the bundle-signing key pair, the sidecars' OPA configuration)
-and prints what goes where. ``bundle --sign-key`` writes the signed deployment bundle
-that the bundle server serves (:func:`capgate.gateway.opa.deploy.write_signed_bundle`). Neither
-prints a token or a key: only paths, modes and the bundle's revision.
+and prints what goes where; ``--allow-opa-metrics`` makes its bundles let Prometheus
+scrape OPA's ``GET /metrics`` without the token (off by default: OPA's metrics stay
+refused to everyone; see the module docstring of :mod:`capgate.gateway.opa.deploy`).
+``bundle --sign-key`` writes the signed deployment bundle that the bundle server
+serves (:func:`capgate.gateway.opa.deploy.write_signed_bundle`). Neither prints a
+token or a key: only paths, modes, the bundle's revision and whether it opens
+OPA's metrics.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def _init(args: argparse.Namespace) -> int:
         args.dir,
         bundle_url=args.bundle_url,
         polling=(args.poll_min_delay, args.poll_max_delay),
+        allow_opa_metrics=args.allow_opa_metrics,
     )
     root = shlex.quote(str(made.root))
     print(f"deployment written to {made.root}")
@@ -47,6 +53,7 @@ def _init(args: argparse.Namespace) -> int:
     print(f"  signing key        {made.signing_key} (0600: only where bundles are built)")
     print(f"  verification key   {made.verification_key}")
     print(f"  OPA configuration  {made.opa_config} (no secret; bundles from {args.bundle_url})")
+    print(f"  OPA diagnostics    {made.diagnostics} ({_metrics_note(args.allow_opa_metrics)})")
     print("next:")
     print(
         f"  capgate bundle CATALOGUE OUT.tar.gz --sign-key {root}/signing/bundle.key "
@@ -64,6 +71,12 @@ def _init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _metrics_note(open_: bool) -> str:
+    if open_:
+        return "GET /metrics open to anyone who reaches OPA, without the token"
+    return "GET /metrics refused to everyone; --allow-opa-metrics opens it"
+
+
 def run_signed_bundle(args: argparse.Namespace) -> int:
     """``capgate bundle CATALOGUE OUT --sign-key KEY --token-file FILE...``."""
     if not args.token_file:
@@ -76,6 +89,7 @@ def run_signed_bundle(args: argparse.Namespace) -> int:
     signed = write_signed_bundle(catalogue, args.out, signing_key=args.sign_key, tokens=tokens)
     print(f"signed bundle written to {signed.path}")
     print(f"revision {signed.revision} ({signed.algorithm}, {len(set(tokens))} gateway token(s))")
+    print(f"OPA metrics: {_metrics_note(signed.opa_metrics)}")
     return EXIT_OK
 
 
@@ -118,5 +132,13 @@ def register(sub: Actions) -> None:
         default=DEFAULT_POLLING[1],
         metavar="SECONDS",
         help=f"most time between bundle downloads (default: {DEFAULT_POLLING[1]})",
+    )
+    init.add_argument(
+        "--allow-opa-metrics",
+        action="store_true",
+        help="let anyone who reaches a sidecar ask OPA's GET /metrics (and nothing else) "
+        "without the token, so Prometheus can scrape it; recorded in "
+        "signing/diagnostics.json for every bundle signed with this key (default: off, "
+        "OPA's metrics are refused to everyone)",
     )
     init.set_defaults(run=_init)

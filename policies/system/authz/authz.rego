@@ -8,16 +8,20 @@
 #   deployment bundle by `capgate bundle --sign-key`; the token itself never is).
 #   Anyone on the machine may ask GET /health, which tells only whether OPA is up and
 #   its bundles are active, so process supervisors can probe it without the token.
+#   Only in a deployment made with `capgate deploy init --allow-opa-metrics` (the
+#   signed bundle then sets data.system.gateway.diagnostics.metrics to true), anyone
+#   on the machine may also ask GET /metrics, OPA's Prometheus metrics, so Prometheus
+#   can scrape it without the token; off by default.
 #   Nothing else is allowed to anyone, the gateway included: no policy or data
-#   writes, no reading of /v1/policies, of other data or of config, status or
-#   metrics, no ad-hoc queries, no explain or instrument. Until the bundle that
-#   carries this policy is active, OPA refuses every request.
+#   writes, no reading of /v1/policies, of other data or of config or status, no
+#   ad-hoc queries, no explain or instrument. Until the bundle that carries this
+#   policy is active, OPA refuses every request.
 package system.authz
 
 # METADATA
 # title: Allow
 # description: |
-#   true when the request is one of the two above; false for every other request,
+#   true when the request is one of those above; false for every other request,
 #   which OPA then refuses with 401 before any handler runs.
 # entrypoint: true
 default allow := false
@@ -26,6 +30,18 @@ allow if {
 	input.method == "GET"
 	input.path == ["health"]
 	_only_params({"bundles", "plugins"})
+}
+
+# OPA's Prometheus metrics, opened by the deployment, never by a request: the flag
+# is data of the signed bundle, and only the boolean true opens it. Exactly GET
+# /metrics with no query parameter: not /metrics/alloc_bytes, not another method.
+# OPA applies this policy on its --diagnostic-addr listener too (v1.22.4), so this
+# rule is what opens /metrics there as well.
+allow if {
+	input.method == "GET"
+	input.path == ["metrics"]
+	_only_params(set())
+	data.system.gateway.diagnostics.metrics == true
 }
 
 allow if {
