@@ -510,6 +510,13 @@ def _payment(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         gateway, _request("finance-bot", "finance", "acme", _PAY_TASK, "production")
     )
     finance.call_tool("invoice.check_approval", invoice_id="inv-9")
+    large = {**_PAYMENT, "amount_cents": 750_000}
+    over = _denied(lambda: finance.call_tool("payment.execute", **large))
+    trace.expect(
+        over is not None and list(over.reason_codes) == ["value_over_limit"],
+        "7,500.00 is over finance's limit of 5,000.00 a payment: value_over_limit, "
+        "nothing proposed",
+    )
     proposal = finance.call_tool("payment.execute", **_PAYMENT)["proposal_id"]
     denial = _denied(lambda: gateway.review(proposal, _MANAGER, "approved"))
     trace.expect(

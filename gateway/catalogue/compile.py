@@ -62,6 +62,18 @@ def _compile_tool(tool: ToolContract) -> dict[str, Any]:
         "environments": dict.fromkeys(tool.environments, True),
         "produces": list(tool.produces),
         "reviewers": dict.fromkeys(tool.reviewers, True),
+        # What the policies may read of a call (input.call.values) and the limits on
+        # it; roles absent from a limit: every role the tool grants.
+        "values": {name: {"type": spec.type.value} for name, spec in sorted(tool.values.items())},
+        "limits": [
+            {
+                "value": limit.value,
+                "max": limit.max,
+                "roles": dict.fromkeys(limit.roles or tool.roles, True),
+            }
+            for limit in tool.limits
+        ],
+        "cost_value": tool.cost_value,
     }
 
 

@@ -19,7 +19,12 @@ from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
 from capgate.gateway.errors import InvalidInput, cut, quote
-from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.contracts import (
+    MAX_VALUE_MAGNITUDE,
+    Derivation,
+    ToolContract,
+    ValueType,
+)
 from capgate.gateway.model.facts import Approval, ComposeInput
 
 __all__ = [
@@ -33,11 +38,15 @@ __all__ = [
     "schema_problem",
     "subject_of",
     "validate_params",
+    "values_of",
 ]
 
 _COMPOSE_FIELDS: Final = frozenset(ComposeInput.model_fields)
 #: Evidence names accepted per call; a contract requires a handful.
 MAX_EVIDENCE: Final = 256
+#: The longest string value sent to OPA: a rule compares a domain or a code, never
+#: a text, and an input bounded in size stays cheap to evaluate.
+MAX_VALUE_CHARS: Final = 1024
 #: Schema errors collected before giving up on listing them all.
 _MAX_ERRORS: Final = 100
 
@@ -168,3 +177,51 @@ def subject_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, s
             f"the {contract.subject_type}"
         )
     return {"type": contract.subject_type, "id": value}
+
+
+def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The values the contract declares (``values:``), read and derived from the
+    parameters (already validated against the input schema), for ``input.call.values``.
+
+    Only declared values go, each checked against its declared type here, so that a
+    loose input schema cannot send a policy a string where it compares a number; an
+    absent parameter gives None. Raises InvalidInput naming the value and the
+    parameter, never the parameter's content.
+    """
+    values: dict[str, Any] = {}
+    for name, spec in sorted(contract.values.items()):
+        where = f"tool {quote(contract.name)}: value {quote(name)} (parameter {quote(spec.param)})"
+        raw = params.get(spec.param)
+        if raw is None:
+            values[name] = None
+            continue
+        if not _is_type(raw, spec.type):
+            raise InvalidInput(f"{where} must be of type {spec.type.value}")
+        if spec.type is ValueType.INTEGER and isinstance(raw, float):
+            raw = int(raw)  # 5.0 is the integer 5, as in JSON Schema
+        if spec.derive is Derivation.EMAIL_DOMAIN:
+            local, at, domain = str(raw).rpartition("@")
+            if not at or not local or not domain:
+                raise InvalidInput(f"{where} must be an email address (name@domain)")
+            raw = domain.lower()
+        if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
+            raise InvalidInput(f"{where} must be at most {MAX_VALUE_CHARS} characters")
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            if not -MAX_VALUE_MAGNITUDE <= raw <= MAX_VALUE_MAGNITUDE:
+                raise InvalidInput(f"{where} must be at most 2**53 in magnitude")
+            if name == contract.cost_value and raw < 0:
+                raise InvalidInput(f"{where} is the call's cost and must not be negative")
+        values[name] = raw
+    return values
+
+
+def _is_type(value: Any, kind: ValueType) -> bool:
+    if kind is ValueType.BOOLEAN:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # JSON Schema's rule: a boolean is not a number
+        return False
+    if kind is ValueType.INTEGER:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if kind is ValueType.NUMBER:
+        return isinstance(value, int | float) and value == value  # NaN is no number
+    return isinstance(value, str)

@@ -39,6 +39,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import ValidationError
@@ -52,6 +53,7 @@ from capgate.gateway.enforce.arguments import (
     dumped_facts,
     subject_of,
     validate_params,
+    values_of,
 )
 from capgate.gateway.enforce.grant import Authorised, Prepared
 from capgate.gateway.enforce.running import interpret, outcome_of, run_tool
@@ -247,10 +249,14 @@ class Dispatcher:
         authorised, canonical = plain_params(params)
         contract = self.catalogue.tools.get(tool)
         subject = None
+        values: dict[str, Any] = {}
         if contract is not None:
             validate_params(contract, self._schemas_for(contract).input, authorised)
             subject = subject_of(contract, authorised)
-        return Prepared(tool, contract, canonical, digest_of(canonical), subject)
+            values = values_of(contract, authorised)
+        return Prepared(
+            tool, contract, canonical, digest_of(canonical), subject, MappingProxyType(values)
+        )
 
     def execute_input(
         self,
@@ -303,6 +309,7 @@ class Dispatcher:
             or (approval.operation_id if approval is not None else None)
             or f"op-{uuid.uuid4()}",
             "subject": prepared.subject,
+            "values": dict(prepared.values),
             "params_digest": prepared.digest,
         }
         try:

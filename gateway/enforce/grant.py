@@ -10,7 +10,9 @@ runs exactly what was decided.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from capgate.gateway.enforce.verify import Grant
@@ -35,6 +37,13 @@ class Prepared:
     canonical: bytes
     digest: str
     subject: dict[str, str] | None
+    #: The values the contract declares, as the policies read them (``call.values``).
+    values: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def cost(self) -> int:
+        """Budget units this call reserves when it runs (0 for an unknown tool)."""
+        return self.contract.cost_of(self.values) if self.contract is not None else 0
 
     @property
     def params(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ a contract that was checked once must not change afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -21,6 +22,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
+    StrictInt,
     StringConstraints,
     ValidationInfo,
     field_validator,
@@ -37,12 +40,16 @@ __all__ = [
     "BudgetClassSpec",
     "Catalogue",
     "CostClass",
+    "Derivation",
     "Idempotency",
+    "LimitSpec",
     "Mode",
     "RoleSpec",
     "TaskTypeSpec",
     "ToolContract",
     "UpstreamRef",
+    "ValueSpec",
+    "ValueType",
 ]
 
 
@@ -192,6 +199,67 @@ class UpstreamRef(_Spec):
     tool: UpstreamToolName
 
 
+class ValueType(StrEnum):
+    """The JSON type of a value a policy may read; a value of another type is refused
+    before OPA is asked (a boolean is never a number, as in JSON Schema)."""
+
+    INTEGER = "integer"
+    NUMBER = "number"
+    STRING = "string"
+    BOOLEAN = "boolean"
+
+
+class Derivation(StrEnum):
+    """What the gateway computes from a parameter before a policy reads it.
+
+    ``email_domain``: the part of an email address after its last ``@``, lower-cased
+    (``Ada@Example.TEST`` gives ``example.test``), so that a rule on the recipient's
+    domain need not parse addresses in Rego, and one spelling is compared.
+    """
+
+    EMAIL_DOMAIN = "email_domain"
+
+
+#: The largest magnitude of a number sent to OPA: beyond 2**53 a JSON number loses
+#: integers, and a limit compared against a rounded amount would be wrong.
+MAX_VALUE_MAGNITUDE = 2**53
+
+
+class ValueSpec(_Spec):
+    """One value of a call that the policies may read (``input.call.values``).
+
+    A contract names each value it sends, the top-level parameter it comes from, its
+    type and, optionally, what is derived from it. Nothing else of the parameters
+    reaches OPA (it gets their digest): a value is declared because a rule needs it,
+    and reviewed with the catalogue like every other grant. An absent optional
+    parameter gives ``null``.
+    """
+
+    param: Identifier
+    type: ValueType
+    derive: Derivation | None = None
+
+    @model_validator(mode="after")
+    def _derivation_fits(self) -> ValueSpec:
+        if self.derive is Derivation.EMAIL_DOMAIN and self.type is not ValueType.STRING:
+            raise ValueError("derive: email_domain gives a string (type: string)")
+        return self
+
+
+class LimitSpec(_Spec):
+    """The most a numeric value may be in one call, for some roles or for all.
+
+    ``roles`` absent: every role the tool grants. A call over a limit that applies to
+    its role is denied with ``value_over_limit``, one reason per limit it exceeds;
+    a value that is null (an absent optional parameter) is never over a limit.
+    """
+
+    value: Identifier
+    # Strict: a YAML "5000" (a string) is a typo, not a limit.
+    max: Annotated[StrictInt | StrictFloat, Field(ge=-MAX_VALUE_MAGNITUDE, le=MAX_VALUE_MAGNITUDE)]
+    roles: list[Identifier] | None = Field(default=None, min_length=1)
+
+
 class ToolContract(_Spec):
     """Everything the policy and the dispatcher need to know about one tool.
 
@@ -228,8 +296,15 @@ class ToolContract(_Spec):
     #: proposal) of this tool succeeds; other tools may ``require`` it.
     produces: list[Identifier] = Field(default_factory=list)
     #: Budget units one call reserves; ``None`` means the cost class's default
-    #: (:data:`DEFAULT_COST_UNITS`).
+    #: (:data:`DEFAULT_COST_UNITS`), unless ``cost_value`` names a value to count.
     cost: int | None = Field(default=None, ge=0, le=1_000_000_000, strict=True)
+    #: The values of a call the policies may read (:class:`ValueSpec`), by name.
+    values: dict[Identifier, ValueSpec] = Field(default_factory=dict)
+    #: Limits on numeric values (:class:`LimitSpec`), checked by the execute policy.
+    limits: list[LimitSpec] = Field(default_factory=list)
+    #: An integer value whose amount is the call's cost in budget units (an amount in
+    #: cents, say), instead of a fixed cost: a budget then counts money, not calls.
+    cost_value: Identifier | None = None
     #: The output field holding the provider's receipt (e.g. ``payment_id``). When
     #: set, a result without a non-empty string there is not a success: a loose
     #: output schema cannot pass a provider's failure off as one.
@@ -275,7 +350,46 @@ class ToolContract(_Spec):
             )
         if self.reviewers and not self.needs_review:
             raise ValueError("reviewers: this tool's calls are never reviewed")
+        self._check_values()
         return self
+
+    def _check_values(self) -> None:
+        """Each value from a parameter the input schema has; each limit and the cost
+        value on a declared value of the right type."""
+        properties = self.input_schema.get("properties")
+        for name, declared in self.values.items():
+            if isinstance(properties, dict) and declared.param not in properties:
+                raise ValueError(
+                    f"values[{quote(name)}]: parameter {quote(declared.param)} is not in the "
+                    "input schema's properties"
+                )
+        for position, limit in enumerate(self.limits):
+            spec = self.values.get(limit.value)
+            if spec is None:
+                raise ValueError(
+                    f"limits[{position}]: {quote(limit.value)} is not one of the values "
+                    "(declare it under values)"
+                )
+            if spec.type not in (ValueType.INTEGER, ValueType.NUMBER):
+                raise ValueError(
+                    f"limits[{position}]: value {quote(limit.value)} is a {spec.type.value}; "
+                    "a limit applies to an integer or a number"
+                )
+            for role in limit.roles or ():
+                if role not in self.roles:
+                    raise ValueError(
+                        f"limits[{position}].roles: tool {quote(self.name)} does not grant "
+                        f"role {quote(role)}"
+                    )
+        if self.cost_value is not None:
+            counted = self.values.get(self.cost_value)
+            if counted is None or counted.type is not ValueType.INTEGER:
+                raise ValueError(
+                    f"cost_value: {quote(self.cost_value)} must be one of the values, of "
+                    "type integer"
+                )
+            if self.cost is not None:
+                raise ValueError("cost and cost_value: give one (a fixed cost or a counted value)")
 
     @property
     def needs_review(self) -> bool:
@@ -290,8 +404,20 @@ class ToolContract(_Spec):
 
     @property
     def cost_units(self) -> int:
-        """Budget units one call reserves."""
+        """Budget units one call reserves, when the cost is fixed (for a cost counted
+        from a value, :meth:`cost_of` the call's values; this is then 0)."""
+        if self.cost_value is not None:
+            return 0
         return DEFAULT_COST_UNITS[self.cost_class] if self.cost is None else self.cost
+
+    def cost_of(self, values: Mapping[str, Any]) -> int:
+        """Budget units this call reserves: the fixed cost, or the ``cost_value``
+        (an absent optional one counts 0; a negative one is refused before, by
+        :func:`~capgate.gateway.enforce.arguments.values_of`)."""
+        if self.cost_value is None:
+            return self.cost_units
+        counted = values.get(self.cost_value)
+        return counted if isinstance(counted, int) and not isinstance(counted, bool) else 0
 
 
 class RoleSpec(_Spec):

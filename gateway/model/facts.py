@@ -22,6 +22,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     StringConstraints,
     field_validator,
     model_validator,
@@ -194,6 +197,13 @@ class ComposeInput(_Facts):
         return value
 
 
+#: One value of a call a policy may read: a JSON scalar, bounded (see
+#: :func:`capgate.gateway.enforce.arguments.values_of`), or null when absent.
+CallValue = (
+    StrictBool | StrictInt | StrictFloat | Annotated[str, StringConstraints(max_length=1024)] | None
+)
+
+
 class Call(_Facts):
     """One exact call. ``params_digest`` is computed by the dispatcher, never the agent."""
 
@@ -201,6 +211,9 @@ class Call(_Facts):
     version: int = Field(ge=1)
     operation_id: Identifier
     subject: ResourceRef | None = None
+    #: The values the contract declares (``values:``), read from the parameters by the
+    #: dispatcher: what a rule on the amount or the recipient's domain compares.
+    values: dict[Identifier, CallValue] = Field(default_factory=dict, max_length=64)
     params_digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 

@@ -54,6 +54,8 @@ class Code:
     messages: Mapping[str, str] = field(default_factory=dict)
     #: The list fact the code gives one reason per element of, if any.
     each: str | None = None
+    #: The fields of each element of ``each`` (an object) a template may name too.
+    fields: tuple[str, ...] = ()
 
     def templates(self) -> dict[str, str]:
         """Every template of the code, by case ("" for the one message)."""
@@ -108,6 +110,7 @@ def _code(code: str, spec: Mapping[str, Any]) -> Code:
         message=None if message is None else str(message),
         messages={str(k): str(v) for k, v in messages.items()},
         each=spec.get("each"),
+        fields=tuple(str(name) for name in spec.get("fields") or ()),
     )
 
 

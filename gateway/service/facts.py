@@ -170,8 +170,7 @@ def execute_input(
     costs) and the operation's history go when something runs; proposing runs
     nothing, so it is sent neither."""
     runs = stage is not Stage.PROPOSE
-    contract = prepared.contract
-    cost = contract.cost_units if contract is not None else 0
+    cost = prepared.cost
     return dispatcher.execute_input(
         facts.compose,
         prepared,

@@ -184,7 +184,7 @@ class Operations:
         tenant = authorised.request.principal.tenant
         op_id = authorised.operation_id
         digest = authorised.prepared.digest
-        cost = contract.cost_units
+        cost = authorised.prepared.cost
         with self.store.transaction() as tx:
             existing = tx.get_operation(tenant, op_id, for_update=True)
             if existing is not None and (existing.tool, existing.params_digest) != (

@@ -21,6 +21,8 @@ info string                        rule
 ``yaml task_types.yaml``,          loaded with ``load_catalogue``, accepted by ``capgate
 ``yaml budget_classes.yaml``       check``, compiled, and asked compose questions of OPA.
 ``json catalogue-data``            equals ``compile_catalogue(docs catalogue)`` exactly.
+``yaml catalogue-tools``           tool contracts shown apart from the docs catalogue:
+                                   each is a contract the catalogue accepts.
 ``json compose-input``             a valid ``ComposeInput``; OPA composes it against the
                                    docs catalogue.
 ``json compose-decision``          a valid ``ComposeDecision``, equal to OPA's answer to
@@ -136,6 +138,7 @@ from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
+from capgate.gateway.enforce.arguments import values_of
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
 from capgate.gateway.errors import CapabilityViolation, CatalogueError, InvalidInput
 from capgate.gateway.model.contracts import Catalogue, ToolContract
@@ -220,6 +223,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "sh": lambda b: b.lang == "sh" and not b.tag,
     "mermaid": lambda b: b.lang == "mermaid" and not b.tag,
     "catalogue-file": lambda b: b.lang == "yaml" and b.tag in CATALOGUE_FILES,
+    "catalogue-tools": lambda b: b.lang == "yaml" and b.tag == "catalogue-tools",
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
@@ -370,6 +374,16 @@ def test_catalogue_blocks_form_a_catalogue_opa_answers_for(
     support = _compose(docs_opa, "support", {"crm": "active", "sales_mailbox": "active"})
     assert support.visible == ["contact.read"]
     assert support.reasons_for("quote.prepare_send") == ["role_not_granted"]
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("catalogue-tools"), ids=ids(blocks_of("catalogue-tools"))
+)
+def test_catalogue_tools_blocks_are_contracts_the_catalogue_accepts(block: Block):
+    tools = yaml.safe_load(block.text)["tools"]
+    assert tools, str(block)
+    for tool in tools:
+        ToolContract.model_validate(tool)
 
 
 def test_catalogue_data_block_is_what_the_compiler_writes(docs_catalogue: Catalogue):
@@ -893,10 +907,23 @@ def _check_execute_example(path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "role_not_granted" in capsys.readouterr().out
 
 
+def _check_over_limit_example(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    facts = ExecuteInput.model_validate(yaml.safe_load(path.read_text()))
+    params = _params_comment(path)
+    assert params is not None, f"{path.name}: no '# params: {{...}}' comment for its digest"
+    contract = load_catalogue(SALES).tool(facts.call.tool)
+    _assert_params_fit(params, contract, facts)
+    assert facts.call.values == values_of(contract, params)  # what the dispatcher sends
+    argv = ["explain", "execute", str(path), "--catalogue", str(SALES)]
+    assert main(argv) == EXIT_DENIED
+    assert "allow: false (value_over_limit)" in capsys.readouterr().out
+
+
 #: How each file in docs/examples/ is checked (against the sales demo catalogue).
 EXAMPLE_FILES: dict[str, Callable[[Path, pytest.CaptureFixture[str]], None]] = {
     "compose.json": _check_compose_example,
     "execute.yaml": _check_execute_example,
+    "payment-over-limit.yaml": _check_over_limit_example,
 }
 
 

@@ -100,12 +100,16 @@ def test_public_surface_is_pinned() -> None:
         "Catalogue",
         "CostClass",
         "DEFAULT_COST_UNITS",
+        "Derivation",
         "Idempotency",
+        "LimitSpec",
         "Mode",
         "RoleSpec",
         "TaskTypeSpec",
         "ToolContract",
         "UpstreamRef",
+        "ValueSpec",
+        "ValueType",
     ]
 
 
@@ -244,7 +248,13 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "environments": {"development": True, "staging": True, "production": True},
         "produces": [],
         "reviewers": {"sales_manager": True},
+        "values": {"recipient_domain": {"type": "string"}},
+        "limits": [],
+        "cost_value": None,
     }
+    assert document["tools"]["payment.execute"]["limits"] == [
+        {"value": "amount_cents", "max": 500000, "roles": {"finance": True}}
+    ]
     assert document["tools"]["contact.read"]["execution_action"] is None
     assert document["tools"]["contact.read"]["reviewers"] == {}
     assert document["tools"]["contact.verify_email"]["produces"] == ["verified_recipient"]

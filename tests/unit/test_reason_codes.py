@@ -150,9 +150,10 @@ def test_every_template_names_only_the_tool_and_its_checks_facts():
     for check in declared_checks(POLICIES):
         for code in check.codes:
             assert code.each is None or code.each in check.facts, (check.check, code.code)
+            assert code.each is not None or not code.fields, (check.check, code.code)
             for case, template in code.templates().items():
                 named = set(_FIELD.findall(template))
-                unknown = named - {"tool", *check.facts}
+                unknown = named - {"tool", *check.facts, *code.fields}
                 assert not unknown, f"{code.code} ({case or 'message'}) names {sorted(unknown)}"
 
 

@@ -14,7 +14,8 @@ package capgate.execute
 #   compose checks. Each names the facts it reads and the codes it gives, each code
 #   with its title and its message template ({tool} is the called tool, every other
 #   {name} a fact, as compact JSON); a code with several messages names them by
-#   case, and a code with `each` gives one reason for each element of that fact.
+#   case, and a code with `each` gives one reason for each element of that fact
+#   (whose `fields`, for an element that is an object, a message may name too).
 # custom:
 #   checks:
 #     - check: version
@@ -90,6 +91,18 @@ package capgate.execute
 #             reserved: the call reserved {reserved} units of budget and tool {tool} costs {cost}
 #             remaining: the budget's remaining units {remaining} are neither null nor a whole number
 #             short: the budget has {remaining} units left and tool {tool} costs {cost}
+#     - check: limits
+#       title: Limits
+#       description: Each value the contract limits is at most its limit for the caller's role.
+#       facts: [over]
+#       codes:
+#         value_over_limit:
+#           title: Value over limit
+#           each: over
+#           fields: [value, max, role, actual]
+#           message: >-
+#             tool {tool} allows {value} up to {max} for role {role}, and the call's
+#             {value} is {actual}
 #     - check: evidence
 #       title: Evidence
 #       description: The call brings every evidence name the contract requires.
@@ -266,7 +279,7 @@ _failed contains "budget_units" if {
 _call_facts["budget_units"] := {
 	"remaining": object.get(_budget, "remaining", null),
 	"reserved": object.get(_budget, "cost", null),
-	"cost": object.get(_contract, "cost", null),
+	"cost": _call_cost,
 	"operation_status": _operation_status,
 }
 
@@ -282,6 +295,18 @@ _call_case["budget_units"] := "cost" if {
 } else := "remaining" if {
 	not _has_whole_remaining
 }
+
+# value_over_limit: one reason per limit of the contract that applies to the
+# caller's role and that the call's value exceeds (life_cycle.rego: _over_limits).
+
+_failed contains "limits" if count(_over_limits) > 0
+
+_failed contains "limits" if {
+	limits := object.get(_contract, "limits", [])
+	not is_array(limits)
+}
+
+_call_facts["limits"] := {"over": sort(_over_limits)}
 
 # evidence_missing: one reason per required name the call does not bring; a
 # contract whose requires is not a list is itself missing evidence.

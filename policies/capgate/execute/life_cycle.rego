@@ -44,10 +44,54 @@ _is_whole(value) if {
 	floor(value) == value
 }
 
-_cost := cost if {
-	cost := _contract.cost
-	_is_whole(cost)
-	cost >= 0
+_cost := _call_cost if {
+	_is_whole(_call_cost)
+	_call_cost >= 0
+}
+
+# The call's cost: the contract's fixed cost or, for a contract that counts one of
+# the call's values (cost_value: an amount in cents, say), that value; a null one (an
+# absent optional parameter) counts 0, as the gateway reserves nothing for it.
+
+default _cost_value_name := null
+
+_cost_value_name := _contract.cost_value
+
+# null when the contract has neither (a malformed one): never whole, never afforded.
+default _call_cost := null
+
+_call_cost := _contract.cost if _cost_value_name == null
+
+_call_cost := _counted if is_string(_cost_value_name)
+
+default _counted := 0
+
+_counted := value if {
+	value := _values[_cost_value_name]
+	value != null
+}
+
+# The values of the call a policy may read (the contract's values:), {} if none.
+
+default _values := {}
+
+_values := input.call.values if is_object(input.call.values)
+
+# The contract's limits that apply to the caller's role and that the call's value
+# exceeds. A value that is not a number, or a limit that is not one, is over it: a
+# malformed fact never passes. A null value (an absent optional parameter) is not.
+_over_limits contains {"value": limit.value, "actual": actual, "max": limit.max, "role": input.principal.role} if {
+	some limit in _contract.limits
+	limit.roles[input.principal.role] == true
+	actual := object.get(_values, limit.value, null)
+	actual != null
+	not _within(actual, limit.max)
+}
+
+_within(actual, limit) if {
+	is_number(actual)
+	is_number(limit)
+	actual <= limit
 }
 
 _has_cost if is_number(_cost)
@@ -56,25 +100,23 @@ _is_budget_reserved if input.budget.cost == _cost
 
 _has_whole_remaining if _is_whole(input.budget.remaining)
 
-# Read straight from input.budget and the contract, without _cost and
+# Read straight from input.budget and the call's cost, without _cost and
 # _is_budget_reserved (which the message reads), since execute asks it of every call
-# that runs: the budget reserved the contract's cost, a whole number, 0 or more, and
+# that runs: the budget reserved the call's cost, a whole number, 0 or more, and
 # its remaining is null or at least that cost.
 _budget_fits if {
-	cost := _contract.cost
-	input.budget.cost == cost
+	input.budget.cost == _call_cost
 	input.budget.remaining == null
-	_is_whole(cost)
-	cost >= 0
+	_is_whole(_call_cost)
+	_call_cost >= 0
 }
 
 _budget_fits if {
-	cost := _contract.cost
-	input.budget.cost == cost
-	_is_whole(cost)
-	cost >= 0
+	input.budget.cost == _call_cost
+	_is_whole(_call_cost)
+	_call_cost >= 0
 	_is_whole(input.budget.remaining)
-	input.budget.remaining >= cost
+	input.budget.remaining >= _call_cost
 }
 
 # One operation is charged once. When the store already holds this operation id

@@ -10,7 +10,7 @@ _compose_checks := ["role", "task", "connection", "environment", "budget", "quar
 
 _call_checks := [
 	"version", "stage", "approval", "approval_expiry", "approval_use",
-	"proposal", "budget_units", "evidence", "subject", "operation_id",
+	"proposal", "budget_units", "limits", "evidence", "subject", "operation_id",
 ]
 
 # A check has a code exactly when it fails.

@@ -62,8 +62,14 @@ message(template, values) := strings.replace_n(
 # description: |
 #   The values to render a code's reasons from: when the code names a fact under
 #   `each` (fact, else null) and the values hold a non-empty list under it, one set
-#   of values for each element, the element in the list's place; else the values.
-each(fact, values) := [object.union(values, {fact: item}) | some item in values[fact]] if {
+#   of values for each element, the element in the list's place (and, for an
+#   object, each of its fields under its own name); else the values.
+each(fact, values) := [_with_item(values, fact, item) | some item in values[fact]] if {
 	is_array(values[fact])
 	count(values[fact]) > 0
 } else := [values]
+
+# An element that is an object also fills its own fields ({value}, {max}...).
+_with_item(values, fact, item) := object.union(object.union(values, {fact: item}), item) if is_object(item)
+
+_with_item(values, fact, item) := object.union(values, {fact: item}) if not is_object(item)

@@ -1,0 +1,104 @@
+"""A call's values reach the policies, against a real OPA and both stores (#21).
+
+The demo catalogue's payment.execute sends its amount and currency
+(``values:``) and limits one payment by the finance role to 5,000.00 (``limits:``):
+a payment over it is denied with ``value_over_limit`` before anything is proposed,
+and at the limit it is proposed as before (the roles a limit is for, and the other
+cases, are the Rego tests' in execute_values_test.rego). A budget can count an
+amount instead of a fixed cost (``cost_value``): the reservation is the amount, and
+a payment larger than what is left is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from capgate.demo import demo_catalogue_dir
+from capgate.gateway.catalogue import load_catalogue
+from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.state.records import ProposalRecord, ProposalStatus
+from capgate.gateway.state.store import Store
+from tests.integration import lifecycle_support as lifecycle_fixtures
+from tests.integration import postgres_server as pg_fixtures
+from tests.integration import store_support as store_fixtures
+from tests.integration.lifecycle_support import (
+    CONTROLLER,
+    FINANCE,
+    PAY_TASK,
+    PAYMENT,
+    TENANT,
+    agent_request,
+    make_gateway,
+    proposal_of,
+)
+
+pytestmark = pytest.mark.integration
+
+postgres_server = pg_fixtures.postgres_server
+postgres_url = pg_fixtures.postgres_url
+store_url = store_fixtures.store_url
+clock = lifecycle_fixtures.clock
+store = lifecycle_fixtures.store
+desk = lifecycle_fixtures.desk
+gateway = lifecycle_fixtures.gateway
+
+FINANCE_REQUEST = agent_request(FINANCE, PAY_TASK)
+
+
+def pay(gateway: Any, amount_cents: int) -> Any:
+    gateway.call(FINANCE_REQUEST, "invoice.check_approval", {"invoice_id": "inv-9"})
+    return gateway.call(
+        FINANCE_REQUEST, "payment.execute", {**PAYMENT, "amount_cents": amount_cents}
+    )
+
+
+def test_a_payment_over_the_roles_limit_is_denied_with_its_own_code(gateway, store: Store):
+    with pytest.raises(CapabilityViolation) as denied:
+        pay(gateway, 500_001)
+    assert denied.value.reason_codes == ["value_over_limit"]
+    [reason] = denied.value.reasons
+    assert 'up to 500000 for role "finance"' in reason.message
+    assert "500001" in reason.message
+    with store.transaction(read_only=True) as tx:
+        assert tx.list_proposals() == []  # nothing proposed, nothing to review
+    at_limit = pay(gateway, 500_000)
+    assert isinstance(at_limit, ProposalRecord)
+    assert at_limit.status is ProposalStatus.PENDING
+
+
+def test_a_budget_can_count_the_amount(tmp_path: Path, store: Store, desk, sales_sidecar):
+    # The demo catalogue, its payment counting amount_cents against the budget.
+    source = demo_catalogue_dir("sales")
+    folder = tmp_path / "catalogue"
+    folder.mkdir()
+    for path in source.glob("*.yaml"):
+        (folder / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    tools = yaml.safe_load((folder / "tools.yaml").read_text(encoding="utf-8"))
+    for tool in tools["tools"]:
+        if tool["name"] == "payment.execute":
+            tool["cost_value"] = "amount_cents"
+    (folder / "tools.yaml").write_text(yaml.safe_dump(tools), encoding="utf-8")
+    catalogue = load_catalogue(folder)
+    with store.transaction() as tx:
+        tx.set_budget_limit(TENANT, 150_000)
+    with PolicySidecar(catalogue) as sidecar:
+        counted = make_gateway(catalogue, sidecar.client, store, desk.tools())
+        proposal = pay(counted, 120_000)
+        counted.review(proposal.id, CONTROLLER, "approved")
+        assert counted.dispatch(proposal.id).ok
+        with store.transaction(read_only=True) as tx:
+            budget = tx.budget(TENANT)
+        assert (budget.spent, budget.reserved) == (120_000, 0)
+
+        second = pay(counted, 40_000)  # proposing reserves nothing; dispatch would
+        counted.review(second.id, CONTROLLER, "approved")
+        with pytest.raises(CapabilityViolation) as short:
+            counted.dispatch(second.id)
+        assert short.value.reason_codes == ["budget_exhausted"]
+        assert proposal_of(store, second.id).status is ProposalStatus.BLOCKED
+        assert len(desk.payments) == 1
