@@ -36,8 +36,11 @@ Context explicitly, not the application's global propagator: OPA reads W3C heade
 only (its server is instrumented with ``propagation.TraceContext``), and MCP's
 convention names exactly these keys, so a global propagator set to B3, say, would
 send OPA and upstreams headers they ignore. Never baggage: it can carry anything an
-application put there, and neither OPA nor an upstream is told it. Without a valid
-current span, nothing is sent.
+application put there, or an MCP client sent in its own request's ``_meta`` (the MCP
+SDK's server extracts it), and neither OPA nor an upstream is told it. The MCP SDK's
+client injects the *global* propagator's fields into each request's ``_meta`` itself
+(mcp 2.3, SEP-414), baggage included, so an upstream call runs under
+:func:`without_baggage`. Without a valid current span, no trace context is sent.
 """
 
 from __future__ import annotations
@@ -50,9 +53,19 @@ from typing import Any, Final, ParamSpec, TypeVar
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-__all__ = ["ATTRIBUTES", "annotate", "span", "start_span", "trace_context", "traced"]
+__all__ = [
+    "ATTRIBUTES",
+    "annotate",
+    "span",
+    "start_span",
+    "trace_context",
+    "traced",
+    "without_baggage",
+]
 
 try:
+    from opentelemetry import baggage as _baggage
+    from opentelemetry import context as _context
     from opentelemetry import trace as _trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - the API comes with the mcp extra
@@ -154,3 +167,18 @@ def trace_context() -> dict[str, str]:
     carrier: dict[str, str] = {}
     _W3C.inject(carrier)
     return carrier
+
+
+@contextmanager
+def without_baggage() -> Iterator[None]:
+    """The block runs with no OpenTelemetry baggage in the current context (the trace
+    context stays): whatever it starts, a task included, cannot pass baggage on. A
+    no-op without the API."""
+    if _trace is None:
+        yield
+        return
+    token = _context.attach(_baggage.clear())
+    try:
+        yield
+    finally:
+        _context.detach(token)
