@@ -35,12 +35,12 @@ and writes ``trace_id`` and ``span_id`` into each decision log entry
 Context explicitly, not the application's global propagator: OPA reads W3C headers
 only (its server is instrumented with ``propagation.TraceContext``), and MCP's
 convention names exactly these keys, so a global propagator set to B3, say, would
-send OPA and upstreams headers they ignore. Never baggage: it can carry anything an
-application put there, or an MCP client sent in its own request's ``_meta`` (the MCP
-SDK's server extracts it), and neither OPA nor an upstream is told it. The MCP SDK's
-client injects the *global* propagator's fields into each request's ``_meta`` itself
-(mcp 2.3, SEP-414), baggage included, so an upstream call runs under
-:func:`without_baggage`. Without a valid current span, no trace context is sent.
+send OPA and upstreams headers they ignore. Never baggage: it carries whatever the
+application (or its instrumentation) put in the context, and neither OPA nor an
+upstream is told it. The MCP SDK's client injects the *global* propagator's fields
+into each request's ``_meta`` itself (mcp 2.3, SEP-414), baggage included, so an
+upstream call runs under :func:`without_baggage`. Without a valid current span, no
+trace context is sent.
 """
 
 from __future__ import annotations

@@ -58,8 +58,9 @@ streamable-HTTP server: ``ClientSession.call_tool`` takes no per-request headers
 Never baggage, and nothing of the agent's request: a call's ``_meta`` is built here
 from these and the idempotency key alone (:func:`_call_meta`), and the call is
 submitted :func:`~capgate.gateway.tracing.without_baggage`, as the SDK would
-otherwise inject the baggage of the context, which over MCP is what the agent sent
-in its own ``_meta``.
+otherwise inject whatever baggage the application's context holds. (An MCP client's
+own ``_meta`` keys, baggage included, are not made current by the SDK's server;
+tests/integration/test_mcp_upstream_trace.py checks that none reaches an upstream.)
 
 **Credentials** are not forwarded: an upstream server acts with its own
 configuration. The connection alias still gates which tools are callable; the
