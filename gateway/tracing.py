@@ -25,6 +25,22 @@ reason codes, the tool and its version, the operation id, the stage, the outcome
 status, the policy bundle's revision, whether a transaction only read. Anything else
 given to :func:`annotate` is dropped, so no parameter, content, credential or tool
 output can reach an exporter by accident.
+
+**The trace goes on** (:func:`trace_context`): every request to OPA carries the
+current span's W3C ``traceparent`` (and ``tracestate``, if any) as HTTP headers, and
+every ``tools/call`` to an upstream MCP server carries them in ``params._meta``. OPA
+with ``distributed_tracing`` configured then joins its spans to the gateway's trace
+and writes ``trace_id`` and ``span_id`` into each decision log entry
+(docs/operations.md); an upstream that reads ``_meta`` continues the trace. W3C Trace
+Context explicitly, not the application's global propagator: OPA reads W3C headers
+only (its server is instrumented with ``propagation.TraceContext``), and MCP's
+convention names exactly these keys, so a global propagator set to B3, say, would
+send OPA and upstreams headers they ignore. Never baggage: it carries whatever the
+application (or its instrumentation) put in the context, and neither OPA nor an
+upstream is told it. The MCP SDK's client injects the *global* propagator's fields
+into each request's ``_meta`` itself (mcp 2.3, SEP-414), baggage included, so an
+upstream call runs under :func:`without_baggage`. Without a valid current span, no
+trace context is sent.
 """
 
 from __future__ import annotations
@@ -37,12 +53,27 @@ from typing import Any, Final, ParamSpec, TypeVar
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-__all__ = ["ATTRIBUTES", "annotate", "span", "start_span", "traced"]
+__all__ = [
+    "ATTRIBUTES",
+    "annotate",
+    "span",
+    "start_span",
+    "trace_context",
+    "traced",
+    "without_baggage",
+]
 
 try:
+    from opentelemetry import baggage as _baggage
+    from opentelemetry import context as _context
     from opentelemetry import trace as _trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - the API comes with the mcp extra
     _trace = None  # type: ignore[assignment]
+    _W3C = None
+else:
+    #: W3C Trace Context, whatever the application set as its global propagator.
+    _W3C = TraceContextTextMapPropagator()
 
 #: The attributes a capgate span may carry, and nothing else.
 ATTRIBUTES: Final = frozenset(
@@ -123,3 +154,31 @@ def annotate(**attributes: Any) -> None:
     current = _trace.get_current_span()
     if current.is_recording():
         current.set_attributes(_kept(attributes))
+
+
+def trace_context() -> dict[str, str]:
+    """The current span's W3C trace context: ``{"traceparent": ...}``, with
+    ``"tracestate"`` when the span has one; empty without a valid current span or
+    without the API. The same keys serve as HTTP headers (to OPA) and as MCP
+    ``_meta`` keys (to upstreams); see the module docstring for why W3C and why
+    nothing else."""
+    if _W3C is None or not _trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def without_baggage() -> Iterator[None]:
+    """The block runs with no OpenTelemetry baggage in the current context (the trace
+    context stays): whatever it starts, a task included, cannot pass baggage on. A
+    no-op without the API."""
+    if _trace is None:
+        yield
+        return
+    token = _context.attach(_baggage.clear())
+    try:
+        yield
+    finally:
+        _context.detach(token)

@@ -48,7 +48,7 @@ from capgate.demo.oracle_server import oracle_server_spec
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Observer
 from capgate.gateway.errors import InvalidInput
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.opa.sidecar import PolicySidecar, opa_address
 from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.policy.client import Exchange
 from capgate.gateway.service.credentials import CredentialResolver
@@ -226,8 +226,21 @@ def start_gateway(
         parts.registry.attach(
             stack.enter_context(McpTools(catalogue, parts.upstreams, store, unplaced=True))
         )
+    tracing = parts.config.opa_tracing
+    external = opa_address(opa_url)  # --opa, else $CAPGATE_OPA_URL, else None
+    if tracing is not None and external is not None:
+        raise InvalidInput(
+            f"opa_tracing: in the configuration sets up the OPA capgate starts, but "
+            f"{external.describe()} is used; set distributed_tracing in that OPA's own "
+            "configuration instead (docs/operations.md)"
+        )
     sidecar = stack.enter_context(
-        PolicySidecar(catalogue, opa_url=opa_url, on_exchange=on_exchange)
+        PolicySidecar(
+            catalogue,
+            opa_url=opa_url,
+            opa_tracing=tracing.tracing() if tracing is not None else None,
+            on_exchange=on_exchange,
+        )
     )
     gateway = Gateway(
         catalogue,

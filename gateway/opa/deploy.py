@@ -72,6 +72,7 @@ from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.binary import find_opa
 from capgate.gateway.opa.bundle import write_bundle
 from capgate.gateway.opa.policies import default_policies_dir
+from capgate.gateway.opa.traces import OPATracing
 from capgate.gateway.policy.address import check_token
 
 __all__ = [
@@ -282,6 +283,7 @@ def opa_config(
     bundle_url: str,
     verification_key: bytes,
     polling: tuple[int, int] = DEFAULT_POLLING,
+    tracing: OPATracing | None = None,
 ) -> dict[str, Any]:
     """The sidecars' OPA configuration (``opa run --config-file``); holds no secret.
 
@@ -289,13 +291,16 @@ def opa_config(
     ``bundle_url`` and activated only if its signature verifies with
     ``verification_key`` (inlined, PEM); decision logs on the console, masked by the
     bundle's ``system.log.mask``. No persistence: a sidecar restarted without its
-    bundle server answers nothing until it has a bundle again.
+    bundle server answers nothing until it has a bundle again. With ``tracing``, a
+    ``distributed_tracing`` block (:mod:`capgate.gateway.opa.traces`): OPA's spans
+    to that OTLP collector, and ``trace_id`` / ``span_id`` in each decision log
+    entry; without it (the default) none.
     """
     low, high = polling
     if not 1 <= low <= high:
         raise ValueError(f"polling delays must be 1 <= min <= max seconds, not {polling}")
     service, resource = _split_bundle_url(bundle_url)
-    return {
+    config: dict[str, Any] = {
         "services": {"bundle_server": {"url": service}},
         "bundles": {
             BUNDLE_NAME: {
@@ -313,6 +318,9 @@ def opa_config(
         },
         "decision_logs": {"console": True},
     }
+    if tracing is not None:
+        config["distributed_tracing"] = tracing.config()
+    return config
 
 
 def init_deployment(
@@ -321,6 +329,7 @@ def init_deployment(
     bundle_url: str = DEFAULT_BUNDLE_URL,
     polling: tuple[int, int] = DEFAULT_POLLING,
     allow_opa_metrics: bool = False,
+    tracing: OPATracing | None = None,
 ) -> Deployment:
     """Create a deployment folder: token, signing key pair, OPA configuration.
 
@@ -329,6 +338,8 @@ def init_deployment(
     renamed into place, so a failure leaves nothing half-made. ``allow_opa_metrics``
     is recorded in ``signing/diagnostics.json`` for every bundle built with the key
     (see the module docstring); off, the bundles keep OPA's ``/metrics`` closed.
+    ``tracing`` adds OPA's distributed tracing to the configuration
+    (:func:`opa_config`).
     """
     root = Path(root)
     if os.path.lexists(root) and (not root.is_dir() or root.is_symlink() or any(root.iterdir())):
@@ -352,6 +363,7 @@ def init_deployment(
             bundle_url=bundle_url,
             verification_key=made.verification_key.read_bytes(),
             polling=polling,
+            tracing=tracing,
         )
         header = (
             "# OPA configuration for capgate's sidecars, written by `capgate deploy init`.\n"

@@ -26,7 +26,13 @@ OPA is started with:
   bundle must therefore declare its ``roots`` in ``.manifest`` (a bundle without
   roots claims every path and OPA refuses both);
 - ``--skip-version-check``: otherwise OPA calls api.github.com at startup;
-- ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory.
+- ``--unix-socket-perm 600`` (OPA's default is 755), on top of the 0700 directory;
+- given ``tracing=`` (an :class:`~capgate.gateway.opa.traces.OPATracing`), its
+  ``distributed_tracing`` block as ``--set`` flags: OPA then reads the ``traceparent``
+  capgate sends and exports its own spans, children of the gateway's, to that OTLP
+  collector. Its decision log entries would carry the trace id too, but this OPA
+  drops them (above); a deployment's sidecar keeps them (``opa_config``). Off by
+  default: nothing leaves the socket.
 
 Environment: OPA gets a minimal one, built here, never this process's. A policy can
 read OPA's whole environment through ``opa.runtime().env``, and a host environment
@@ -67,6 +73,7 @@ from typing import Final
 
 from capgate.gateway.errors import OPAProcessError
 from capgate.gateway.opa.binary import OPABinary, find_opa
+from capgate.gateway.opa.traces import OPATracing
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
 from capgate.gateway.policy.client import PolicyClient
 
@@ -121,6 +128,7 @@ class EmbeddedOPA:
 
     ``env`` adds variables to OPA's otherwise minimal environment (see the module
     docstring); every policy can read them through ``opa.runtime().env``.
+    ``tracing`` turns on OPA's distributed tracing (see the module docstring).
     """
 
     def __init__(
@@ -130,12 +138,15 @@ class EmbeddedOPA:
         opa_binary: Path | None = None,
         startup_timeout: float = EMBEDDED_STARTUP_TIMEOUT,
         env: Mapping[str, str] | None = None,
+        tracing: OPATracing | None = None,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.opa_binary = opa_binary
         self.startup_timeout = startup_timeout
         #: The variables added to OPA's environment, as given.
         self.env: dict[str, str] = _checked_env(env)
+        #: OPA's distributed tracing (an OTLP collector to export to), or None: off.
+        self.tracing = tracing
         #: The binary actually run, known once :meth:`start` has found it.
         self.binary: OPABinary | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -236,6 +247,8 @@ class EmbeddedOPA:
             # (docs/benchmarks.md). The store is written once per bundle activation.
             "--optimize-store-for-read-speed",
         ]
+        if self.tracing is not None:
+            args += self.tracing.set_flags()
         # A file, not a PIPE: nobody reads OPA's output while it runs, and a full
         # pipe would block OPA mid-decision.
         with open(log_fd, "wb") as log_file:

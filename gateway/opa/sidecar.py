@@ -45,6 +45,7 @@ from capgate.gateway.opa.binary import OPABinary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.policies import PoliciesLocation, locate_policies
 from capgate.gateway.opa.process import EMBEDDED_STARTUP_TIMEOUT, EmbeddedOPA
+from capgate.gateway.opa.traces import OPATracing
 from capgate.gateway.opa.workdir import PrivateDir, private_dir, write_errors
 from capgate.gateway.policy.address import OPA_URL_ENV, AddressOrigin, OPAAddress, check_token
 from capgate.gateway.policy.client import Exchange, PolicyClient
@@ -205,6 +206,9 @@ class PolicySidecar:
 
     ``opa_env`` adds variables to the embedded OPA's minimal environment (see
     :mod:`capgate.gateway.opa.process`); policies can read them, so pass no secrets.
+    ``opa_tracing`` turns on the embedded OPA's distributed tracing
+    (:mod:`capgate.gateway.opa.traces`); an external OPA's is in its own
+    configuration, so it is refused (ValueError) with ``opa_url``.
 
     ``timeout`` (default :data:`~capgate.gateway.policy.timeouts.DEFAULT_TIMEOUT`) is the client's
     read and write timeout; a question about the whole catalogue adds an allowance
@@ -243,10 +247,17 @@ class PolicySidecar:
         token_file: Path | None = None,
         startup_timeout: float | None = None,
         on_exchange: Callable[[Exchange], None] | None = None,
+        opa_tracing: OPATracing | None = None,
     ) -> None:
         meta = compile_catalogue(catalogue)["meta"]
         self.expected_digest: str = meta["digest"]
         external = opa_address(opa_url)
+        if external is not None and opa_tracing is not None:
+            raise ValueError(
+                f"opa_tracing configures the OPA capgate starts, but {external.describe()} "
+                "is used: set distributed_tracing in that OPA's own configuration "
+                "(capgate deploy init --otlp-address; docs/operations.md)"
+            )
         self.process: EmbeddedOPA | None = None
         #: Where the external OPA's token came from; None when none is sent (always
         #: for the embedded OPA, whose socket only this user can reach).
@@ -290,7 +301,11 @@ class PolicySidecar:
                         f"{MAX_STARTUP_TIMEOUT:g}"
                     )
                 self.process = EmbeddedOPA(
-                    bundle, opa_binary=opa_binary, env=opa_env, startup_timeout=start
+                    bundle,
+                    opa_binary=opa_binary,
+                    env=opa_env,
+                    startup_timeout=start,
+                    tracing=opa_tracing,
                 )
                 self.process.start()
                 location = OPAAddress(self.process.address, AddressOrigin.EMBEDDED)

@@ -18,9 +18,11 @@ trickling bytes could otherwise hold a call for ever. With capgate's own transpo
 direct path, :meth:`DeadlineTransport.exchange`, without httpx's request and
 response objects; any other transport (tests' ``httpx.MockTransport``) is sent the
 same request through httpx's interface. Every request carries
-``?provenance=true``, ``Accept-Encoding: gzip`` and, given one, the bearer token,
-which no message, log line or ``repr`` shows. Log lines carry the path, latency and
-decision id, never inputs or results.
+``?provenance=true``, ``Accept-Encoding: gzip``, the current span's W3C
+``traceparent`` (and ``tracestate``) when there is one
+(:func:`capgate.gateway.tracing.trace_context`, for OPA's decision log and spans)
+and, given one, the bearer token, which no message, log line or ``repr`` shows. Log
+lines carry the path, latency and decision id, never inputs or results.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from capgate.gateway.policy.answer import (
 )
 from capgate.gateway.policy.timeouts import RAISE_HINT, Limits
 from capgate.gateway.policy.wire import DEADLINE, AnswerTooLarge, DeadlineTransport
+from capgate.gateway.tracing import trace_context
 
 __all__ = ["Edge"]
 
@@ -120,7 +123,7 @@ class Edge:
             return "the policy client is closed"
         token = DEADLINE.set(time.monotonic() + self._limits.whole)
         try:
-            response = self._http.get(url)
+            response = self._http.get(url, headers=trace_context())
         except httpx.TimeoutException:
             return f"no answer in time ({self._limits.describe()})"
         except httpx.HTTPError as exc:
@@ -150,6 +153,9 @@ class Edge:
         limits = limits or self._limits
         url = f"/v1/data/{path}"
         headers = _JSON_BODY if content is not None else None
+        traced = trace_context()
+        if traced:  # OPA's decision log names the trace (capgate.gateway.tracing)
+            headers = {**(headers or {}), **traced}
         started = time.perf_counter()
         # The transport holds every connect, write and read to the deadline.
         deadline = time.monotonic() + limits.whole

@@ -13,7 +13,9 @@
 - ``{"error": "..."}``: answer with a tool error (``isError``) carrying that text;
 - ``{"sleep": seconds}``: wait that long first (combined with one of the others);
 - ``{"exit": code}``: the process dies while the call is in flight;
-- ``{"malformed": true}``: answer the call with a result that is not a CallToolResult.
+- ``{"malformed": true}``: answer the call with a result that is not a CallToolResult;
+- ``{"meta": true}``: answer with the request's ``_meta`` as it arrived (``{}`` when
+  it had none), as structured content ``{"meta": {...}}``.
 
 The server reads the file at every listing and call, and polls it every 20 ms: when
 it changes, it tells every client so: ``notifications/tools/list_changed`` to each
@@ -112,6 +114,12 @@ class Upstream:
         if "text" in behaviour:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=behaviour["text"])]
+            )
+        if behaviour.get("meta"):
+            received = params.model_dump(by_alias=True, exclude_none=True).get("_meta", {})
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=json.dumps({"meta": received}))],
+                structured_content={"meta": received},
             )
         structured = arguments if behaviour.get("echo") else behaviour.get("structured", {})
         return types.CallToolResult(

@@ -41,6 +41,14 @@ the same file for the same adapters, servers and credentials (its bindings unuse
       max_attempts: 5          # attempts of a retryable operation
       first_backoff_seconds: 1
       longest_backoff_seconds: 300
+
+``opa_tracing`` (optional) turns on the embedded OPA's distributed tracing: its spans
+join the gateway's trace, exported to an OTLP/HTTP collector
+(:mod:`capgate.gateway.opa.traces`; with ``--opa``, an external OPA's own
+configuration says, and the key is refused)::
+
+    opa_tracing:
+      address: 127.0.0.1:4318  # the collector's OTLP/HTTP host:port
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ import stat
 from collections.abc import Hashable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -70,6 +78,7 @@ from capgate.adapters.fronts.people import (
 from capgate.adapters.tools.mcp.config import ServerSpec, parse_servers
 from capgate.gateway.errors import CapgateError, ConfigError, InvalidInput, quote
 from capgate.gateway.model.facts import Identifier
+from capgate.gateway.opa.traces import OPATracing
 from capgate.gateway.service.credentials import (
     CredentialResolver,
     EnvironmentCredentials,
@@ -87,6 +96,7 @@ __all__ = [
     "DEFAULT_POLL_SECONDS",
     "Binding",
     "HttpBinding",
+    "OpaTracingSettings",
     "ServeConfig",
     "bindings_of",
     "load_config",
@@ -116,6 +126,30 @@ class MetricsSettings(_Strict):
     #: A ``tenant`` label on decisions, outcomes and budgets: one series per tenant,
     #: which only an operator who knows how many tenants there are should ask for.
     tenant_labels: bool = False
+
+
+class OpaTracingSettings(_Strict):
+    """``opa_tracing:``: the embedded OPA's distributed tracing
+    (:mod:`capgate.gateway.opa.traces`): its spans, children of the gateway's, to the
+    OTLP/HTTP collector at ``address`` (host:port)."""
+
+    address: str
+    service_name: str = "opa"
+    sample_percentage: int = Field(default=0, ge=0, le=100)
+    encryption: Literal["off", "tls"] = "off"
+
+    @model_validator(mode="after")
+    def _usable(self) -> OpaTracingSettings:
+        self.tracing()  # ValueError (naming the field) for what OPA would misread
+        return self
+
+    def tracing(self) -> OPATracing:
+        return OPATracing(
+            address=self.address,
+            service_name=self.service_name,
+            sample_percentage=self.sample_percentage,
+            encryption=self.encryption,
+        )
 
 
 class Binding(AgentRequest):
@@ -205,6 +239,9 @@ class ServeConfig(_Strict):
     inbox: InboxSettings = Field(default_factory=InboxSettings)
     #: Prometheus metrics at ``/metrics`` of the HTTP port (``capgate[metrics]``).
     metrics: MetricsSettings | None = None
+    #: The embedded OPA's distributed tracing (off when not given); an external OPA's
+    #: is set in its own configuration.
+    opa_tracing: OpaTracingSettings | None = None
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -45,6 +45,23 @@ outcome of a ``not_idempotent`` upstream tool is never sent again by the gateway
 an ``idempotent_with_key`` tool receives its key in the request's ``_meta``
 (``io.capgate/idempotency-key``) and may be repeated.
 
+**Trace context** goes with every call: the current span's (``capgate.tool``) W3C
+``traceparent`` and ``tracestate`` in ``_meta``, where MCP's convention puts them
+(SEP-414, https://modelcontextprotocol.io/community/seps/414-request-meta, after
+OpenTelemetry's MCP semantic conventions,
+https://opentelemetry.io/docs/specs/semconv/gen-ai/mcp/), so an upstream that reads
+them continues the gateway's trace. The MCP SDK (2.3) then opens its own client span
+and injects *its* context with the application's global propagator over those keys
+(so the upstream's parent is the SDK's span, a child of ``capgate.tool``); ours stay
+the W3C form when that propagator is another. Not as HTTP headers to a
+streamable-HTTP server: ``ClientSession.call_tool`` takes no per-request headers.
+Never baggage, and nothing of the agent's request: a call's ``_meta`` is built here
+from these and the idempotency key alone (:func:`_call_meta`), and the call is
+submitted :func:`~capgate.gateway.tracing.without_baggage`, as the SDK would
+otherwise inject whatever baggage the application's context holds. (An MCP client's
+own ``_meta`` keys, baggage included, are not made current by the SDK's server;
+tests/integration/test_mcp_upstream_trace.py checks that none reaches an upstream.)
+
 **Credentials** are not forwarded: an upstream server acts with its own
 configuration. The connection alias still gates which tools are callable; the
 resolved secret stays in the gateway.
@@ -81,6 +98,7 @@ from capgate.gateway.model.outcomes import ToolRefused
 from capgate.gateway.state.records import PinRecord
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, DefinitionChanged
+from capgate.gateway.tracing import trace_context, without_baggage
 
 __all__ = ["IDEMPOTENCY_META_KEY", "McpTools"]
 
@@ -90,6 +108,17 @@ log = logging.getLogger("capgate.mcp")
 IDEMPOTENCY_META_KEY: Final = "io.capgate/idempotency-key"
 
 _LIVE: weakref.WeakSet[McpTools] = weakref.WeakSet()
+
+
+def _call_meta(context: CallContext) -> dict[str, Any] | None:
+    """The ``_meta`` of a ``tools/call``: the current span's W3C trace context
+    (:func:`capgate.gateway.tracing.trace_context`) and the idempotency key, if any;
+    None when there is neither. Read in the calling thread, where the span is
+    current (the request leaves from the event loop's thread)."""
+    meta: dict[str, Any] = dict(trace_context())
+    if context.idempotency_key:
+        meta[IDEMPOTENCY_META_KEY] = context.idempotency_key
+    return meta or None
 
 
 @atexit.register
@@ -191,11 +220,16 @@ class McpTools:
                 f"the arguments do not fit the accepted input schema of tool {tool!r} "
                 f"of server {server!r} ({problem}); nothing was sent"
             )
-        meta = {IDEMPOTENCY_META_KEY: context.idempotency_key} if context.idempotency_key else None
+        meta = _call_meta(context)
         bound = self.connect_timeout + 2 * self.call_timeout + 1.0
         call = self._sessions.call
         try:
-            future = self._loop.submit(call, server, tool, dict(params), meta, pin.accepted_digest)
+            # The task takes this thread's context (the span, for the trace); not its
+            # baggage, which the SDK would pass on.
+            with without_baggage():
+                future = self._loop.submit(
+                    call, server, tool, dict(params), meta, pin.accepted_digest
+                )
             result: types.CallToolResult = future.result(bound)
         except Exception as exc:
             if isinstance(exc, TimeoutError):

@@ -2,6 +2,7 @@
 
     capgate deploy init DIR [--bundle-url URL] [--poll-min-delay S] [--poll-max-delay S]
                             [--allow-opa-metrics]
+                            [--otlp-address HOST:PORT]
     capgate bundle CATALOGUE OUT.tar.gz --sign-key KEY --token-file FILE [--token-file ...]
 
 ``deploy init`` makes a deployment folder once (:func:`capgate.gateway.opa.deploy.init_deployment`:
@@ -31,6 +32,7 @@ from capgate.gateway.opa.deploy import (
     write_signed_bundle,
 )
 from capgate.gateway.opa.sidecar import OPA_TOKEN_FILE_ENV, read_token_file
+from capgate.gateway.opa.traces import OPATracing
 
 __all__ = ["register", "run_signed_bundle"]
 
@@ -40,12 +42,20 @@ _EXITS = (
 )
 
 
+def _tracing(address: str) -> OPATracing:
+    try:
+        return OPATracing(address)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _init(args: argparse.Namespace) -> int:
     made: Deployment = init_deployment(
         args.dir,
         bundle_url=args.bundle_url,
         polling=(args.poll_min_delay, args.poll_max_delay),
         allow_opa_metrics=args.allow_opa_metrics,
+        tracing=args.otlp_address,
     )
     root = shlex.quote(str(made.root))
     print(f"deployment written to {made.root}")
@@ -140,5 +150,13 @@ def register(sub: Actions) -> None:
         "without the token, so Prometheus can scrape it; recorded in "
         "signing/diagnostics.json for every bundle signed with this key (default: off, "
         "OPA's metrics are refused to everyone)",
+    )
+    init.add_argument(
+        "--otlp-address",
+        type=_tracing,
+        default=None,
+        metavar="HOST:PORT",
+        help="turn on OPA's distributed tracing: its spans to this OTLP/HTTP collector, "
+        "and trace_id/span_id in its decision log (default: off)",
     )
     init.set_defaults(run=_init)
