@@ -367,7 +367,11 @@ _EMAIL: dict[str, Any] = {
 }
 #: The demo's reviewers, declared as a service's configuration declares people: each
 #: signs in with a bearer token, of which the gateway holds only the digest.
-_TOKENS: Final = {"maria": "demo-token-maria-4c1e", "carl": "demo-token-carl-90ab"}
+_TOKENS: Final = {
+    "maria": "demo-token-maria-4c1e",
+    "carl": "demo-token-carl-90ab",
+    "dana": "demo-token-dana-7f3d",
+}
 _PEOPLE: Final = People(
     PeopleConfig(
         people=[
@@ -381,12 +385,14 @@ _PEOPLE: Final = People(
             for person, name, role in (
                 ("maria", "Maria Rossi", "sales_manager"),
                 ("carl", "Carl Berg", "controller"),
+                ("dana", "Dana Okafor", "controller"),
             )
         ]
     )
 )
 _MANAGER = _PEOPLE.by_token(_TOKENS["maria"])
 _CONTROLLER = _PEOPLE.by_token(_TOKENS["carl"])
+_SECOND_CONTROLLER = _PEOPLE.by_token(_TOKENS["dana"])
 
 
 def _sales(trace: _Trace) -> None:
@@ -534,6 +540,23 @@ def _payment(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
     trace.expect(
         second.ok and len(desk.payments) == 1 and desk.entered.count("payment.execute") == 1,
         f"the retry looked the payment up (receipt {second.provider_receipt}): paid once",
+    )
+    trace.say("  -- above 2,000.00 a payment needs two controllers")
+    larger = finance.call_tool("payment.execute", **{**_PAYMENT, "amount_cents": 300_000})
+    pending = larger["proposal_id"]
+    gateway.review(pending, _CONTROLLER, "approved")
+    gateway.review(pending, _CONTROLLER, "approved")
+    with gateway.store.transaction(read_only=True) as tx:
+        waiting = tx.get_proposal(pending)
+    trace.expect(
+        waiting is not None and waiting.status is ProposalStatus.PENDING,
+        "one controller approving (twice) is one approval: the proposal stays pending",
+    )
+    gateway.review(pending, _SECOND_CONTROLLER, "approved")
+    paid = gateway.dispatch(pending)
+    trace.expect(
+        paid.ok and len(desk.payments) == 2,
+        "a second, distinct controller approves: the 3,000.00 payment is dispatched",
     )
 
 

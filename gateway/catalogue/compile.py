@@ -74,6 +74,10 @@ def _compile_tool(tool: ToolContract) -> dict[str, Any]:
             for limit in tool.limits
         ],
         "cost_value": tool.cost_value,
+        "quorum": [
+            {"approvals": rule.approvals, "value": rule.value, "above": rule.above}
+            for rule in tool.quorum
+        ],
     }
 
 

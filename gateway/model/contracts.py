@@ -44,6 +44,7 @@ __all__ = [
     "Idempotency",
     "LimitSpec",
     "Mode",
+    "QuorumRule",
     "RoleSpec",
     "TaskTypeSpec",
     "ToolContract",
@@ -260,6 +261,29 @@ class LimitSpec(_Spec):
     roles: list[Identifier] | None = Field(default=None, min_length=1)
 
 
+class QuorumRule(_Spec):
+    """How many distinct reviewers must approve a call, always or above a value.
+
+    ``value`` and ``above`` together: the rule applies to a call whose value is over
+    ``above`` (a value that is not a number applies it too: a malformed fact never
+    lowers a quorum); neither: it always applies. The quorum of a call is the
+    largest ``approvals`` of the rules that apply, else one.
+    """
+
+    approvals: int = Field(ge=2, le=10, strict=True)
+    value: Identifier | None = None
+    above: Annotated[
+        StrictInt | StrictFloat | None,
+        Field(default=None, ge=-MAX_VALUE_MAGNITUDE, le=MAX_VALUE_MAGNITUDE),
+    ] = None
+
+    @model_validator(mode="after")
+    def _value_and_threshold_together(self) -> QuorumRule:
+        if (self.value is None) != (self.above is None):
+            raise ValueError("value and above go together (or neither, for every call)")
+        return self
+
+
 class ToolContract(_Spec):
     """Everything the policy and the dispatcher need to know about one tool.
 
@@ -305,6 +329,9 @@ class ToolContract(_Spec):
     #: An integer value whose amount is the call's cost in budget units (an amount in
     #: cents, say), instead of a fixed cost: a budget then counts money, not calls.
     cost_value: Identifier | None = None
+    #: How many distinct reviewers must approve a call (:class:`QuorumRule`); one
+    #: unless a rule applies. Only for a tool whose calls are reviewed.
+    quorum: list[QuorumRule] = Field(default_factory=list)
     #: The output field holding the provider's receipt (e.g. ``payment_id``). When
     #: set, a result without a non-empty string there is not a success: a loose
     #: output schema cannot pass a provider's failure off as one.
@@ -381,6 +408,17 @@ class ToolContract(_Spec):
                         f"limits[{position}].roles: tool {quote(self.name)} does not grant "
                         f"role {quote(role)}"
                     )
+        if self.quorum and not self.needs_review:
+            raise ValueError("quorum: this tool's calls are never reviewed")
+        for position, rule in enumerate(self.quorum):
+            if rule.value is None:
+                continue
+            known = self.values.get(rule.value)
+            if known is None or known.type not in (ValueType.INTEGER, ValueType.NUMBER):
+                raise ValueError(
+                    f"quorum[{position}]: {quote(rule.value)} must be one of the values, "
+                    "an integer or a number"
+                )
         if self.cost_value is not None:
             counted = self.values.get(self.cost_value)
             if counted is None or counted.type is not ValueType.INTEGER:

@@ -206,10 +206,16 @@ class ExecuteDecision(_Provenance):
 
 
 class ReviewDecision(_Provenance):
-    """Answer of ``capgate/review``: may this reviewer give this verdict on this proposal?"""
+    """Answer of ``capgate/review``: may this reviewer give this verdict on this proposal?
+
+    ``approvals_required`` is how many distinct reviewers must approve the proposal
+    before it is approved (its contract's quorum, from the proposal's values): an
+    approval short of it is recorded and the proposal stays pending.
+    """
 
     allow: bool
     reasons: list[Reason]
+    approvals_required: int = Field(default=1, ge=1, le=64)
 
     @property
     def reason_codes(self) -> list[str]:

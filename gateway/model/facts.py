@@ -217,6 +217,13 @@ class Call(_Facts):
     params_digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
+class Approver(_Facts):
+    """One approving review of a proposal, as the quorum counts it."""
+
+    by: Identifier
+    expires_at: AwareDatetime
+
+
 class Approval(_Facts):
     """A person's approval of one operation: exact content and recipient, one tenant.
 
@@ -238,6 +245,10 @@ class Approval(_Facts):
     #: approval is good for exactly one dispatch. Required, so that a gatherer that
     #: forgets it fails validation rather than sending a fresh-looking approval.
     used: bool
+    #: Every approving review of the proposal (this one among them), for a contract
+    #: whose quorum asks for more than one distinct reviewer: the policy counts the
+    #: distinct, unexpired ones.
+    approvers: list[Approver] = Field(default_factory=list, max_length=64)
 
 
 class Stage(StrEnum):
@@ -309,6 +320,9 @@ class ReviewProposal(_Facts):
     id: Identifier
     tenant: Identifier
     tool: Identifier
+    #: The proposed call's declared values (as ``Call.values``), which a quorum may
+    #: depend on (two approvers above an amount).
+    values: dict[Identifier, CallValue] = Field(default_factory=dict, max_length=64)
     status: Identifier
     proposer: Principal
 

@@ -68,8 +68,8 @@ from capgate.gateway.service.proposals import (
     Proposals,
     ReviewPolicy,
     approval_fact,
+    approvals_of,
     block,
-    latest_approval,
     read_proposal,
 )
 from capgate.gateway.service.recovery import Recovery, read_operation
@@ -357,7 +357,8 @@ class Gateway:
                 outcome = Outcome.model_validate(previous.outcome)
                 if outcome.status not in _UNSETTLED:
                     return outcome
-        review = latest_approval(self.store, proposal.id)
+        approvals = approvals_of(self.store, proposal.id)
+        review = approvals[-1] if approvals else None
         facts = self._facts.call(
             proposal.proposer,
             Task.model_validate(proposal.task),
@@ -376,7 +377,7 @@ class Gateway:
             prepared,
             stage=Stage.DISPATCH,
             operation_id=proposal.operation_id,
-            approval=approval_fact(review, proposal),
+            approval=approval_fact(review, proposal, approvals),
             proposal=ProposalRef(id=proposal.id, status=proposal.status.value),
             version=proposal.contract_version,
         )

@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import timedelta
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
+from capgate.gateway.enforce.arguments import values_of
 from capgate.gateway.enforce.dispatcher import PolicyDecider, policy_revision
 from capgate.gateway.enforce.grant import Authorised
 from capgate.gateway.errors import (
@@ -33,7 +34,7 @@ from capgate.gateway.errors import (
 from capgate.gateway.model.comments import review_comment
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Reason, ReviewDecision
-from capgate.gateway.model.facts import Approval, Reviewer, ReviewInput
+from capgate.gateway.model.facts import Approval, Approver, Reviewer, ReviewInput
 from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.service.ledger import append, entry, reviewer_detail, reviewer_name, who
 from capgate.gateway.service.requests import AgentRequest
@@ -47,11 +48,13 @@ from capgate.gateway.state.records import (
 from capgate.gateway.state.store import Store
 
 __all__ = [
+    "AWAITING_QUORUM",
     "DEFAULT_APPROVAL_TTL",
     "MAX_APPROVAL_TTL",
     "Proposals",
     "ReviewPolicy",
     "approval_fact",
+    "approvals_of",
     "block",
     "latest_approval",
     "read_proposal",
@@ -64,6 +67,9 @@ DEFAULT_APPROVAL_TTL: Final = timedelta(hours=24)
 #: The longest an approval may be given for: a year. Longer is a mistake (and far
 #: enough out, an expiry the calendar cannot hold).
 MAX_APPROVAL_TTL: Final = timedelta(days=366)
+#: The ledger outcome of an approval short of the contract's quorum: recorded, and
+#: the proposal stays pending until enough distinct reviewers approve.
+AWAITING_QUORUM: Final = "awaiting_quorum"
 
 
 class ReviewPolicy(PolicyDecider, Protocol):
@@ -225,6 +231,7 @@ class Proposals:
             )
         comment = review_comment(comment)
         proposal = read_proposal(self.store, proposal_id)
+        contract = self.catalogue.tools.get(proposal.tool)
         facts = ReviewInput.model_validate(
             {
                 "reviewer": reviewer,
@@ -234,6 +241,8 @@ class Proposals:
                     "tool": proposal.tool,
                     "status": proposal.status.value,
                     "proposer": proposal.proposer,
+                    # What a quorum may depend on, read as the dispatch will read it.
+                    "values": values_of(contract, proposal.params) if contract else {},
                 },
                 "verdict": verdict.value,
             }
@@ -263,7 +272,6 @@ class Proposals:
             raise CapabilityViolation(
                 f"review of {proposal.tool}", decision.reasons, decision_id=decision.decision_id
             )
-        contract = self.catalogue.tools.get(proposal.tool)
         kind = contract.approval.value if contract is not None else "none"
         try:
             record = self._record(proposal, reviewer, verdict, kind, ttl, decision, row, comment)
@@ -328,21 +336,30 @@ class Proposals:
                     comment=comment,
                 )
             )
-            status = (
-                ProposalStatus.APPROVED
-                if verdict is ReviewVerdict.APPROVED
-                else ProposalStatus.REJECTED
-            )
-            tx.update_proposal(proposal.id, status=status, reason_codes=[])
-            if status is ProposalStatus.APPROVED:
-                # Queued with the approval, in its transaction: no approved proposal
-                # is ever left without a job for the execution workers.
-                tx.queue_dispatch(proposal.id)
-            tx.append(
-                row.model_copy(
-                    update={"outcome": status.value, "detail": {**row.detail, "review": record.id}}
-                )
-            )
+            detail: dict[str, Any] = {**row.detail, "review": record.id}
+            if verdict is ReviewVerdict.REJECTED:
+                outcome = ProposalStatus.REJECTED.value
+                tx.update_proposal(proposal.id, status=ProposalStatus.REJECTED, reason_codes=[])
+            else:
+                # The distinct reviewers whose approval still stands, this one among
+                # them: the same person approving twice counts once.
+                approvers = {
+                    r.reviewer.id
+                    for r in tx.reviews(proposal.id)
+                    if r.verdict is ReviewVerdict.APPROVED and r.expires_at > tx.now
+                }
+                required = decision.approvals_required
+                if required > 1:
+                    detail.update(approvals=len(approvers), approvals_required=required)
+                if len(approvers) < required:
+                    outcome = AWAITING_QUORUM  # recorded, and the proposal stays pending
+                else:
+                    outcome = ProposalStatus.APPROVED.value
+                    tx.update_proposal(proposal.id, status=ProposalStatus.APPROVED, reason_codes=[])
+                    # Queued with the approval, in its transaction: no approved proposal
+                    # is ever left without a job for the execution workers.
+                    tx.queue_dispatch(proposal.id)
+            tx.append(row.model_copy(update={"outcome": outcome, "detail": detail}))
         return record
 
 
@@ -360,18 +377,33 @@ def _ask_review(policy: ReviewPolicy, facts: ReviewInput) -> ReviewDecision:
     return decision
 
 
-def latest_approval(store: Store, proposal_id: str) -> ReviewRecord | None:
+def approvals_of(store: Store, proposal_id: str) -> list[ReviewRecord]:
+    """The proposal's approving reviews, oldest first."""
     with store.transaction(read_only=True) as tx:
-        approvals = [r for r in tx.reviews(proposal_id) if r.verdict is ReviewVerdict.APPROVED]
+        return [r for r in tx.reviews(proposal_id) if r.verdict is ReviewVerdict.APPROVED]
+
+
+def latest_approval(store: Store, proposal_id: str) -> ReviewRecord | None:
+    approvals = approvals_of(store, proposal_id)
     return approvals[-1] if approvals else None
 
 
-def approval_fact(review: ReviewRecord | None, proposal: ProposalRecord) -> Approval | None:
-    """The approval as OPA sees it. ``used`` means consumed by anything but this very
-    operation: a dispatched proposal whose outcome was unknown is continued, not
-    approved twice (the approval binds its one operation id)."""
+def approval_fact(
+    review: ReviewRecord | None,
+    proposal: ProposalRecord,
+    approvals: list[ReviewRecord] | None = None,
+) -> Approval | None:
+    """The approval as OPA sees it: the latest (``review``), with every approving
+    review of the proposal as its approvers, whom the policy counts against the
+    contract's quorum. ``used`` means consumed by anything but this very operation:
+    a dispatched proposal whose outcome was unknown is continued, not approved
+    twice (the approval binds its one operation id)."""
     if review is None:
         return None
+    approvers = [
+        Approver(by=approval.reviewer.id, expires_at=approval.expires_at)
+        for approval in (approvals or [review])
+    ]
     return Approval(
         kind=review.kind,
         tool=review.tool,
@@ -381,6 +413,7 @@ def approval_fact(review: ReviewRecord | None, proposal: ProposalRecord) -> Appr
         expires_at=review.expires_at,
         approved_by=review.reviewer.id,
         used=review.consumed_at is not None and proposal.status is not ProposalStatus.DISPATCHED,
+        approvers=approvers[-64:],
     )
 
 

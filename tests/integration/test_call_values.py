@@ -11,6 +11,7 @@ a payment larger than what is left is refused.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,60 @@ def test_a_budget_can_count_the_amount(tmp_path: Path, store: Store, desk, sales
         assert short.value.reason_codes == ["budget_exhausted"]
         assert proposal_of(store, second.id).status is ProposalStatus.BLOCKED
         assert len(desk.payments) == 1
+
+
+# -- a quorum of distinct reviewers ---------------------------------------------------------
+
+#: A second controller: above 2,000.00 the demo's payments need two.
+SECOND_CONTROLLER = CONTROLLER.model_copy(update={"id": "dana"})
+
+
+def review_rows(store: Store, proposal_id: str) -> list[tuple[str | None, str | None]]:
+    return [(r.principal, r.outcome) for r in store.ledger(tenant=TENANT)
+            if r.kind == "review" and r.proposal_id == proposal_id]  # fmt: skip
+
+
+def test_above_the_threshold_two_distinct_reviewers_must_approve(gateway, store: Store, desk):
+    proposal = pay(gateway, 300_000)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    gateway.review(proposal.id, CONTROLLER, "approved")  # the same person counts once
+    assert proposal_of(store, proposal.id).status is ProposalStatus.PENDING
+    with store.transaction(read_only=True) as tx:
+        assert tx.get_dispatch(proposal.id) is None  # nothing queued for the workers
+    with pytest.raises(CapabilityViolation) as early:
+        gateway.dispatch(proposal.id)
+    assert "proposal_not_approved" in early.value.reason_codes
+    assert not desk.payments
+
+    gateway.review(proposal.id, SECOND_CONTROLLER, "approved")
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    assert gateway.dispatch(proposal.id).ok
+    assert len(desk.payments) == 1
+    assert [outcome for _, outcome in review_rows(store, proposal.id)] == [
+        "awaiting_quorum",
+        "awaiting_quorum",
+        "approved",
+    ]
+
+
+def test_at_the_threshold_one_approval_is_enough(gateway, store: Store, desk):
+    proposal = pay(gateway, 200_000)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    assert gateway.dispatch(proposal.id).ok
+    assert len(desk.payments) == 1
+
+
+def test_an_approval_that_expired_before_the_dispatch_no_longer_counts(
+    gateway, store: Store, desk, clock
+):
+    proposal = pay(gateway, 300_000)
+    clock.offset = -timedelta(hours=2)  # both reviews two hours ago: the first for one hour
+    gateway.review(proposal.id, CONTROLLER, "approved", ttl=timedelta(hours=1))
+    gateway.review(proposal.id, SECOND_CONTROLLER, "approved", ttl=timedelta(hours=6))
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    clock.offset = timedelta(0)
+    with pytest.raises(CapabilityViolation) as short:
+        gateway.dispatch(proposal.id)
+    assert short.value.reason_codes == ["approval_quorum_not_met"]
+    assert proposal_of(store, proposal.id).status is ProposalStatus.BLOCKED
+    assert not desk.payments

@@ -159,3 +159,36 @@ def test_a_limit_for_every_role_and_the_facts_model_bound_the_values():
     for bad in ({"a": [1]}, {"a": {"b": 1}}, {"a": "x" * 1025}, {f"v{n}": 1 for n in range(65)}):
         with pytest.raises(ValidationError):
             Call.model_validate({**base, "values": bad})
+
+
+def reviewed(**overrides: Any) -> ToolContract:
+    return contract(approval="exact_content_and_recipient", reviewers=["finance"], **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"quorum": [{"approvals": 2, "value": "amount_cents"}]}, "value and above go together"),
+        ({"quorum": [{"approvals": 2, "above": 5}]}, "value and above go together"),
+        ({"quorum": [{"approvals": 1}]}, "approvals"),
+        ({"quorum": [{"approvals": 11}]}, "approvals"),
+        (
+            {"quorum": [{"approvals": 2, "value": "currency", "above": 5}]},
+            "quorum[0]: 'currency' must be one of the values, an integer or a number",
+        ),
+        (
+            {"quorum": [{"approvals": 2, "value": "amount", "above": 5}]},
+            "quorum[0]: 'amount' must be one of the values",
+        ),
+    ],
+)
+def test_the_catalogue_refuses_a_quorum_that_could_not_be_counted(overrides, problem):
+    with pytest.raises(ValidationError) as refused:
+        reviewed(**overrides)
+    assert problem in str(refused.value)
+
+
+def test_a_quorum_is_for_reviewed_tools_only():
+    assert reviewed(quorum=[{"approvals": 2}]).quorum[0].value is None
+    with pytest.raises(ValidationError, match="this tool's calls are never reviewed"):
+        contract(quorum=[{"approvals": 2}])

@@ -104,6 +104,7 @@ def test_public_surface_is_pinned() -> None:
         "Idempotency",
         "LimitSpec",
         "Mode",
+        "QuorumRule",
         "RoleSpec",
         "TaskTypeSpec",
         "ToolContract",
@@ -251,6 +252,7 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "values": {"recipient_domain": {"type": "string"}},
         "limits": [],
         "cost_value": None,
+        "quorum": [],
     }
     assert document["tools"]["payment.execute"]["limits"] == [
         {"value": "amount_cents", "max": 500000, "roles": {"finance": True}}

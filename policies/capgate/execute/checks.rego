@@ -7,6 +7,8 @@
 # evaluation of _failed. Part of package capgate.execute.
 package capgate.execute
 
+import data.capgate.quorum
+
 # METADATA
 # title: The call-time checks, declared
 # description: |
@@ -60,6 +62,16 @@ package capgate.execute
 #         approval_expired:
 #           title: Approval expired
 #           message: the approval's expiry {expires_at} is not an RFC 3339 time later than now
+#     - check: approval_quorum
+#       title: Approval quorum
+#       description: At dispatch, as many distinct reviewers as the quorum asks have approved, unexpired.
+#       facts: [required, approvers]
+#       codes:
+#         approval_quorum_not_met:
+#           title: Approval quorum not met
+#           message: >-
+#             tool {tool} needs {required} distinct approvals of this call and it has
+#             {approvers}
 #     - check: approval_use
 #       title: Approval use
 #       description: At dispatch, the approval has not been used.
@@ -236,6 +248,22 @@ _failed contains "approval_expiry" if {
 _call_facts["approval_expiry"] := {"expires_at": object.get(_approval_fact, "expires_at", null)}
 
 _quiet contains "approval_expiry" if not _needs_review
+
+# approval_quorum_not_met: the distinct reviewers whose approvals of this call are
+# unexpired (the approval itself and every approver the store holds) are fewer than
+# the contract's quorum for the call's values (capgate.quorum).
+_failed contains "approval_quorum" if {
+	input.stage == "dispatch"
+	_has_approval
+	_quorum > 1 # one approval: the approval checks above are the whole story
+	count(_approvers) < _quorum
+}
+
+_quorum := quorum.required(_contract, _values)
+
+_call_facts["approval_quorum"] := {"required": _quorum, "approvers": count(_approvers)}
+
+_quiet contains "approval_quorum" if not _needs_review
 
 # An approval allows one dispatch: the gateway marks it used when it dispatches.
 # Exactly false: true, a missing value or any other value reads as used.

@@ -240,10 +240,25 @@ _approval_digest_matches if {
 # Go's parser is more lenient than RFC 3339 (a one-digit hour, a +24:00 or +02:60
 # offset, a comma before the fraction) and refuses the lower-case "t" and "z" that
 # RFC 3339 section 5.6 allows; the parser then checks the calendar (no 30 February).
-_is_approval_unexpired if {
-	is_string(input.approval.expires_at)
-	regex.match(_rfc3339_date_time, input.approval.expires_at)
-	time.parse_rfc3339_ns(upper(input.approval.expires_at)) > time.now_ns()
+_is_approval_unexpired if _is_unexpired(input.approval.expires_at)
+
+_is_unexpired(expires_at) if {
+	is_string(expires_at)
+	regex.match(_rfc3339_date_time, expires_at)
+	time.parse_rfc3339_ns(upper(expires_at)) > time.now_ns()
+}
+
+# The distinct reviewers who approved this call and whose approval is unexpired:
+# the approval's own reviewer, and each approver the store holds for the proposal.
+_approvers contains input.approval.approved_by if {
+	is_string(input.approval.approved_by)
+	_is_approval_unexpired
+}
+
+_approvers contains approver.by if {
+	some approver in input.approval.approvers
+	is_string(approver.by)
+	_is_unexpired(approver.expires_at)
 }
 
 _rfc3339_date_time := concat("", [

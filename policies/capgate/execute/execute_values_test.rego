@@ -140,3 +140,62 @@ test_explain_reports_the_counted_cost if {
 	check.pass == true
 	check.facts.cost == 7
 }
+
+# A quorum of two approvers above 10,000.00 on the quote, checked again at dispatch.
+_quorum_of_two := object.union(_limited, {"tools": {"quote.prepare_send": {
+	"limits": [],
+	"quorum": [{"approvals": 2, "value": "amount_cents", "above": 1000000}],
+}}})
+
+_dispatch_with(amount, approvers) := object.union(
+	_with_values({"amount_cents": amount, "currency": "EUR"}),
+	{"approval": {"approvers": approvers}},
+)
+
+test_dispatch_counts_distinct_unexpired_approvers_against_the_quorum if {
+	fresh := "2026-11-30T12:00:00Z"
+	gone := "2026-11-30T10:00:00Z"
+	rows := {
+		"under the threshold, one approver": {"amount": 5, "approvers": [], "codes": set()},
+		"over it, one approver": {"amount": 2000000, "approvers": [], "codes": {"approval_quorum_not_met"}},
+		"over it, the same reviewer twice": {
+			"amount": 2000000,
+			"approvers": [{"by": "founder", "expires_at": fresh}],
+			"codes": {"approval_quorum_not_met"},
+		},
+		"over it, a second reviewer": {
+			"amount": 2000000,
+			"approvers": [{"by": "founder", "expires_at": fresh}, {"by": "maria", "expires_at": fresh}],
+			"codes": set(),
+		},
+		"over it, the second approval expired": {
+			"amount": 2000000,
+			"approvers": [{"by": "maria", "expires_at": gone}],
+			"codes": {"approval_quorum_not_met"},
+		},
+		"over it, an approver without a name": {
+			"amount": 2000000,
+			"approvers": [{"by": 7, "expires_at": fresh}],
+			"codes": {"approval_quorum_not_met"},
+		},
+	}
+	got := {note: _value_codes(decision.reasons) |
+		some note, row in rows
+		decision := execute.decision with input as _dispatch_with(row.amount, row.approvers)
+			with data.capgate.catalogue as _quorum_of_two
+			with time.now_ns as fixtures_test.now_ns
+	}
+	wrong := {note: codes | some note, codes in got; codes != rows[note].codes}
+	wrong == {}
+	count(got) == count(rows)
+}
+
+test_a_quorum_not_met_says_how_many_and_how_many_approved if {
+	decision := execute.decision with input as _dispatch_with(2000000, [])
+		with data.capgate.catalogue as _quorum_of_two
+		with time.now_ns as fixtures_test.now_ns
+	decision.reasons == {{
+		"code": "approval_quorum_not_met",
+		"message": `tool "quote.prepare_send" needs 2 distinct approvals of this call and it has 1`,
+	}}
+}

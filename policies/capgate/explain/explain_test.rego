@@ -9,7 +9,7 @@ import data.capgate.visibility
 _compose_checks := ["role", "task", "connection", "environment", "budget", "quarantine"]
 
 _call_checks := [
-	"version", "stage", "approval", "approval_expiry", "approval_use",
+	"version", "stage", "approval", "approval_expiry", "approval_quorum", "approval_use",
 	"proposal", "budget_units", "limits", "evidence", "subject", "operation_id",
 ]
 

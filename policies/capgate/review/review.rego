@@ -12,12 +12,14 @@
 package capgate.review
 
 import data.capgate.provenance
+import data.capgate.quorum
 import data.capgate.reasons as rendering
 
 # METADATA
 # title: Review decision
 # description: |
-#   {"allow": bool, "reasons": [{"code", "message"}, ...], "catalogue_digest": digest}.
+#   {"allow": bool, "reasons": [{"code", "message"}, ...], "approvals_required": n,
+#   "catalogue_digest": digest}: n distinct reviewers must approve the proposal.
 #   Always defined, whatever the input: anything missing or malformed is a deny with
 #   the reason of the check that reads it. unknown_tool stands alone, as in execute.
 #   catalogue_digest is the digest of the catalogue the decision was made under
@@ -26,8 +28,20 @@ import data.capgate.reasons as rendering
 decision := {
 	"allow": allow,
 	"reasons": reasons,
+	"approvals_required": _approvals_required,
 	"catalogue_digest": provenance.catalogue_digest,
 }
+
+# How many distinct reviewers must approve the proposal (capgate.quorum): the
+# gateway keeps it pending until then. One for a tool the catalogue lacks, which
+# is denied anyway.
+default _approvals_required := 1
+
+_approvals_required := quorum.required(_contract, _proposal_values)
+
+default _proposal_values := {}
+
+_proposal_values := input.proposal.values if is_object(input.proposal.values)
 
 # METADATA
 # scope: document
