@@ -610,6 +610,9 @@ def test_the_html_marks_exactly_the_cells_the_json_flips(scratch, capsys, tmp_pa
     for kind, count in report["counts"].items():
         assert f"{kind} {count}" in page.text
     assert page.tags <= PAGE_TAGS
+    # A cell's title says both sides, a line each, with the reasons of a hidden tool.
+    title = "role support, tool contact.verify_email: widened: more access at head\nbase: hidden ("
+    assert any(t.startswith(title) and "\nhead: visible" in t for t in page.titles)
 
     # The text report goes to stdout as before, in the same run.
     code, out, err = diff(capsys, scratch, "HEAD~1", "HEAD", "--html", str(tmp_path / "2.html"))

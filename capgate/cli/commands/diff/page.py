@@ -68,7 +68,10 @@ class _Markup(str):
 
 
 def _text(value: object) -> _Markup:
-    return _Markup(html.escape(safe(value), quote=True))
+    # Line by line: safe() would show a newline as an escape, and a title's lines are
+    # this module's (a newline in HTML text is only white space).
+    lines = str(value).split("\n")
+    return _Markup(html.escape("\n".join(safe(line) for line in lines), quote=True))
 
 
 def _tag(name: str, attrs: Mapping[str, object] | None = None, *children: object) -> _Markup:

@@ -4,6 +4,8 @@ Flips are grouped by tool and role with counts, as text (the default), as Markdo
 for a pull-request comment (``--markdown``) or as JSON (``--json``, every flip). The
 three are views of one :class:`Report`, so they say the same: the text and the
 Markdown list at most ``--show`` flips a tool and role, and their counts are complete.
+``--html`` draws the same report as grids (:mod:`.grid`, :mod:`.page`), from
+these flips and the answers the sides hold.
 
 A module of its own so that the formats change without touching what is compared.
 """
