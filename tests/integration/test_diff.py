@@ -665,7 +665,7 @@ def test_the_html_draws_the_widening_groups_and_tools_first_and_counts_the_rest(
     )
     assert f"{len(groups)} of {len(groups)} scenario groups" in page.text
     assert "3 of them are drawn (widening ones first); --json lists every flip" in page.text
-    assert f"{len(tools) - 2} more tool(s) flip but are not columns" in page.text
+    assert f"{len(tools) - 2} more tool(s) flip but are not columns (the widening" in page.text
 
 
 def test_the_html_of_an_unchanged_diff_says_nothing_changed(scratch, capsys, tmp_path):

@@ -179,7 +179,8 @@ class Grid:
         for index, s in enumerate(report.scenarios):
             key = (s.task_type, s.environment, s.budget_class, s.connections)
             at.setdefault(key, {})[s.role] = index
-        with_flips = [key for key in at if any(k[0] == key for k in flips_at)]
+        flipped_groups = {key for key, _, _ in flips_at}
+        with_flips = [key for key in at if key in flipped_groups]
 
         def group_of(flip: Flip) -> GroupKey:
             s = flip.scenario

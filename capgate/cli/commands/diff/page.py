@@ -52,6 +52,8 @@ __all__ = ["render"]
 
 #: The symbol of each change, beside its colour.
 SYMBOLS: Final = {WIDENED: "▲", NARROWED: "▼", MIXED: "▲▼", REASONS_CHANGED: "≠", SAME: ""}
+#: Tools named at most in a note of what is left out.
+_MOST_NAMED: Final = 50
 _SAYS: Final = {
     WIDENED: "widened: more access at head",
     NARROWED: "narrowed: less access at head",
@@ -304,18 +306,23 @@ def _notes(grid: Grid) -> list[_Markup]:
             f"{len(grid.groups)} of them are drawn (widening ones first); --json lists every flip"
         )
     if grid.tools_left_out:
-        left = ", ".join(grid.tools_left_out)
         notes.append(
-            f"{len(grid.tools_left_out)} more tool(s) flip but are not columns "
-            f"(widening ones first): {left}"
+            f"{len(grid.tools_left_out)} more tool(s) flip but are not columns (the "
+            f"widening ones are columns first): {_names(grid.tools_left_out)}"
         )
     if grid.tools_unchanged:
-        names = ", ".join(grid.tools_unchanged[:50])
-        more = len(grid.tools_unchanged) - 50
-        if more > 0:
-            names += f" and {more} more"
-        notes.append(f"{len(grid.tools_unchanged)} tool(s) flip nowhere and are left out: {names}")
+        notes.append(
+            f"{len(grid.tools_unchanged)} tool(s) flip nowhere and are left out: "
+            f"{_names(grid.tools_unchanged)}"
+        )
     return [_tag("p", {"class": "note"}, note) for note in notes]
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """At most :data:`_MOST_NAMED` of ``names``, and how many more."""
+    shown = ", ".join(names[:_MOST_NAMED])
+    more = len(names) - _MOST_NAMED
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 def render(report: Report) -> str:
