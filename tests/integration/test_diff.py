@@ -8,6 +8,11 @@ one known change, and holds the diff to the exact flips that change must cause.
 The sales matrix: 5 roles x 2 task types x 3 environments x 2 budget classes x 7
 connection states (all active; crm, sales_mailbox and bank each revoked, each
 missing) = 420 scenarios.
+
+The ``--html`` tests read the page the same run writes beside its JSON, with the
+standard library's HTML parser, by the data attributes of its cells; one loads it in
+Debian's Chromium, and with ``CAPGATE_DIFF_SCREENSHOTS=docs/images`` writes the
+screenshot docs/policy-authoring.md shows.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import shutil
 import subprocess
 from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,7 @@ import pytest
 import yaml
 
 from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK
+from capgate.cli.commands.diff import grid
 from capgate.cli.commands.diff.command import EXIT_WIDENED
 from capgate.cli.commands.diff.evaluate import eval_seconds
 from capgate.cli.commands.diff.sides import Side
@@ -37,6 +44,7 @@ from capgate.gateway.policy.timeouts import (
     whole_catalogue_timeout,
 )
 from tests.hang import ANSWER_TIMEOUT
+from tests.integration.browser import DEFAULT_TIMEOUT_MS, launch_chromium
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = pytest.mark.integration
@@ -491,3 +499,223 @@ def test_an_opa_eval_that_hangs_fails_the_diff_naming_its_bound(scratch, capsys,
     bound = 2 * 2 * whole_catalogue_timeout(0.05, 7)
     assert f"opa eval of 1 question(s) did not finish within {bound:g}s" in err
     assert "give a longer --timeout" in err
+
+
+# ------------------------------------------------------------------------ --html
+
+HTML_WIDENED, HTML_NARROWED, HTML_MIXED = "widened", "narrowed", "mixed"
+WIDENING_KINDS, NARROWING_KINDS = {WIDEN, CALL_WIDEN}, {NARROW, CALL_NARROW}
+#: The tags the page may hold: no script, no image, no link to anything.
+PAGE_TAGS = {
+    "html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "dl",
+    "dt", "dd", "p", "span", "table", "caption", "thead", "tbody", "tr", "th", "td",
+    "section", "ul", "li", "details", "summary", "svg", "rect", "path",
+}  # fmt: skip
+
+
+class Page(HTMLParser):
+    """What the page says, read with the standard library's parser: each grid cell's
+    data attributes (a group's cell keyed as a JSON flip is, an overview cell by tool
+    and role), every tag, title attribute and text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.table: dict[str, str | None] = {}
+        self.groups: dict[tuple[str | None, ...], str | None] = {}
+        self.overview: dict[tuple[str | None, str | None], str | None] = {}
+        self.tags: set[str] = set()
+        self.titles: list[str] = []
+        self.texts: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        self.tags.add(tag)
+        self.titles += [found["title"] or ""] if "title" in found else []
+        if tag == "table" and "data-grid" in found:
+            self.table = found
+        if tag != "td" or "data-change" not in found:
+            return
+        tool, role, change = found["data-tool"], found["data-role"], found["data-change"]
+        if self.table["data-grid"] == "overview":
+            self.overview[(tool, role)] = change
+            return
+        where = ("data-task-type", "data-environment", "data-budget-class", "data-connections")
+        self.groups[(tool, role, *(self.table[name] for name in where))] = change
+
+    def handle_data(self, data: str) -> None:
+        self.texts.append(data)
+
+    @property
+    def text(self) -> str:
+        return " ".join(" ".join(self.texts).split())
+
+
+def flip_key(flip: dict[str, Any]) -> tuple[str, ...]:
+    where = ("tool", "role", "task_type", "environment", "budget_class", "connections")
+    return tuple(flip[name] for name in where)
+
+
+def diff_html(
+    capsys: pytest.CaptureFixture[str], repo: Path, page: Path, *args: str
+) -> tuple[dict[str, Any], str]:
+    """One run of the diff: its JSON on stdout, and the page it wrote to ``page``."""
+    report = diff_json(capsys, repo, *args, "--html", str(page))
+    return report, page.read_text(encoding="utf-8")
+
+
+def widen_and_narrow(repo: Path) -> None:
+    """Support may verify emails and sales no longer may; a used approval now passes."""
+    edit_tools(repo, "contact.verify_email", roles=["support"])
+    rewrite_policies(repo, "not input.approval.used == false", "false", count=1)
+    commit(repo, "verify_email moves from sales to support; used approvals pass")
+
+
+def test_the_html_marks_exactly_the_cells_the_json_flips(scratch, capsys, tmp_path):
+    widen_and_narrow(scratch)
+
+    report, text = diff_html(capsys, scratch, tmp_path / "diff.html", "HEAD~1", "HEAD")
+    page = Page(text)
+
+    flips = report["flips"]
+    widening = {flip_key(f) for f in flips if f["kind"] in WIDENING_KINDS}
+    narrowing = {flip_key(f) for f in flips if f["kind"] in NARROWING_KINDS}
+    assert widening
+    assert narrowing
+    assert {f["kind"] for f in flips} == {WIDEN, NARROW, REASONS, CALL_WIDEN}
+    marked = page.groups
+    assert {k for k, c in marked.items() if c in {HTML_WIDENED, HTML_MIXED}} == widening
+    assert {k for k, c in marked.items() if c in {HTML_NARROWED, HTML_MIXED}} == narrowing
+    # Every cell with a flip is marked, and no other: reasons alone are "reasons".
+    assert {k for k, c in marked.items() if c != "same"} == {flip_key(f) for f in flips}
+    reasons_only = {flip_key(f) for f in flips} - widening - narrowing
+    assert {k for k, c in marked.items() if c == "reasons"} == reasons_only
+    # The columns are the tools that flip; a group is drawn for each with a flip, a
+    # row a role in it.
+    tools = {f["tool"] for f in flips}
+    groups = {k[2:] for k in map(flip_key, flips)}
+    assert {k[0] for k in marked} == tools
+    assert len(marked) == len(groups) * len(tools) * len(report["matrix"]["roles"])
+    # The overview, by tool and role over the whole matrix.
+    assert {k for k, c in page.overview.items() if c in {HTML_WIDENED, HTML_MIXED}} == {
+        k[:2] for k in widening
+    }
+    assert {k for k, c in page.overview.items() if c in {HTML_NARROWED, HTML_MIXED}} == {
+        k[:2] for k in narrowing
+    }
+    # The revisions and the counts the JSON gives.
+    assert f"Base {report['base']['revision']}" in page.text
+    assert f"Head {report['head']['revision']}" in page.text
+    for kind, count in report["counts"].items():
+        assert f"{kind} {count}" in page.text
+    assert page.tags <= PAGE_TAGS
+    # A cell's title says both sides, a line each, with the reasons of a hidden tool.
+    title = "role support, tool contact.verify_email: widened: more access at head\nbase: hidden ("
+    assert any(t.startswith(title) and "\nhead: visible" in t for t in page.titles)
+
+    # The text report goes to stdout as before, in the same run.
+    code, out, err = diff(capsys, scratch, "HEAD~1", "HEAD", "--html", str(tmp_path / "2.html"))
+    assert code == EXIT_OK
+    assert out.startswith("capgate diff: base HEAD~1")
+    assert f"wrote {tmp_path / '2.html'}" in err
+
+
+def test_the_html_shows_names_codes_and_revisions_as_text(scratch, capsys, tmp_path):
+    script = '<script>alert("x")</script>'
+    branch = "<script>alert(1)</script>"
+    rewrite_policies(scratch, "environment_restricted:", f"'{script}':", count=1)
+    commit(scratch, "a reason code that is markup")
+    git(scratch, "branch", branch)
+
+    report, text = diff_html(capsys, scratch, tmp_path / "diff.html", "HEAD~1", branch)
+    page = Page(text)
+
+    assert kinds(report) == Counter({REASONS: 280})
+    assert all(script in f["head_reasons"] for f in report["flips"])
+    # No tag of the repository's: the code and the revision are text, and in the
+    # cells' titles (attributes) whole.
+    assert "script" not in page.tags
+    assert page.tags <= PAGE_TAGS
+    assert "<script" not in text
+    assert f"Head {branch} (" in page.text
+    assert script in page.text
+    assert any(script in title for title in page.titles)
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in text
+
+
+def test_the_html_draws_the_widening_groups_and_tools_first_and_counts_the_rest(
+    scratch, capsys, tmp_path, monkeypatch
+):
+    widen_and_narrow(scratch)
+    monkeypatch.setattr(grid, "MOST_GROUPS", 3)
+    monkeypatch.setattr(grid, "MOST_TOOLS", 2)
+
+    report, text = diff_html(capsys, scratch, tmp_path / "diff.html", "HEAD~1", "HEAD")
+    page = Page(text)
+
+    groups = {k[2:] for k in map(flip_key, report["flips"])}
+    tools = {f["tool"] for f in report["flips"]}
+    drawn = {k[2:] for k in page.groups}
+    assert len(drawn) == 3 < len(groups)
+    assert len({k[0] for k in page.groups}) == 2 < len(tools)
+    # Each group drawn has a widened cell: the widening groups come first.
+    assert all(
+        any(c == HTML_WIDENED for k, c in page.groups.items() if k[2:] == group) for group in drawn
+    )
+    assert f"{len(groups)} of {len(groups)} scenario groups" in page.text
+    assert "3 of them are drawn (widening ones first); --json lists every flip" in page.text
+    assert f"{len(tools) - 2} more tool(s) flip but are not columns (the widening" in page.text
+
+
+def test_the_html_of_an_unchanged_diff_says_nothing_changed(scratch, capsys, tmp_path):
+    report, text = diff_html(capsys, scratch, tmp_path / "diff.html", "HEAD")
+    page = Page(text)
+
+    assert report["flips"] == []
+    assert "Nothing changed: each of the 420 scenarios and" in page.text
+    assert page.groups == page.overview == {}
+    assert "no decision flips" in page.text
+
+
+def test_the_html_file_is_refused_before_the_diff_runs(scratch, capsys, tmp_path):
+    code, _, err = diff(capsys, scratch, "HEAD", "--html", str(tmp_path / "no" / "x.html"))
+    assert code == EXIT_ERROR
+    assert "give a file in a folder that exists" in err
+    assert "scenarios evaluated" not in err
+
+
+def test_the_html_page_loads_in_chromium_with_its_grid_and_nothing_else(scratch, capsys, tmp_path):
+    widen_and_narrow(scratch)
+    path = tmp_path / "diff.html"
+    diff_html(capsys, scratch, path, "HEAD~1", "HEAD", "--no-reasons")
+
+    with launch_chromium() as browser:
+        context = browser.new_context(viewport={"width": 1100, "height": 2000})
+        context.set_default_timeout(DEFAULT_TIMEOUT_MS)
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        requested: list[str] = []
+        page.on("request", lambda r: requested.append(r.url))
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+
+        assert problems == []
+        assert requested == [path.as_uri()]  # self-contained: nothing else fetched
+        assert page.locator("table.overview").is_visible()
+        first = page.locator("table.group").first
+        assert first.is_visible()
+        assert first.locator("td[data-change=widened]").count() > 0
+        assert first.locator("td[data-change=narrowed]").count() > 0
+        box = first.bounding_box()
+        assert box is not None
+        assert min(box["width"], box["height"]) > 0
+        assert page.locator("script").count() == 0
+        tmp_shot = tmp_path / "diff-grid.png"
+        page.screenshot(path=str(tmp_shot))
+        assert tmp_shot.stat().st_size > 0
+        wanted = os.environ.get("CAPGATE_DIFF_SCREENSHOTS")
+        if wanted:
+            page.screenshot(path=str(Path(wanted) / "diff-grid.png"))

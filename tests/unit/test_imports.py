@@ -179,7 +179,10 @@ def test_the_core_rooms_form_no_circle() -> None:
 
 
 #: ``capgate diff``'s steps in the order they run, each importing only the ones before it.
-DIFF_STEPS = ("matrix", "queries", "sides", "calls", "evaluate", "compare", "report", "command")
+DIFF_STEPS = (
+    "matrix", "queries", "sides", "calls", "evaluate", "compare", "report", "grid", "page",
+    "command",
+)  # fmt: skip
 
 
 def test_the_diff_steps_import_earlier_steps_only() -> None:

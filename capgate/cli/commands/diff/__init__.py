@@ -2,7 +2,8 @@
 
     capgate diff BASE [HEAD] --catalogue PATH [--policies PATH] [--repo DIR]
                  [--limit N] [--seed S] [--call-limit N] [--show N]
-                 [--markdown | --json] [--no-reasons] [--no-calls] [--fail-on-widen]
+                 [--markdown | --json] [--html FILE] [--no-reasons] [--no-calls]
+                 [--fail-on-widen]
                  [--timeout SECONDS]
 
 A reviewer of a policy pull request asks first what the change does to the whole
@@ -21,6 +22,8 @@ before it:
 - ``evaluate``: one side's questions put to ``opa eval`` in batches, each within a bound;
 - ``compare``: the decisions that flip between the two sides;
 - ``report``: the flips as text, Markdown or JSON;
+- ``grid``: the role x tool grids of a report, per scenario group and overall;
+- ``page``: the grids as a self-contained HTML page (``--html FILE``);
 - ``command``: the command line (``register``, ``run``) and its exit codes.
 
 Nothing of a decision is computed here: OPA decides, on each revision's own bundle.

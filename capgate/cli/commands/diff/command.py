@@ -4,7 +4,10 @@
 :func:`run` prepares both sides, evaluates the matrix and then the calls on both at
 once (a thread a side), compares them and prints the report. ``--fail-on-widen``
 exits 1 when anything went hidden -> visible or denied -> allowed, for CI. Progress
-goes to stderr; only the report goes to stdout.
+goes to stderr; only the report goes to stdout. ``--html FILE`` writes the page of
+:mod:`.page` besides, not instead: one evaluation gives a CI job both the text (or
+Markdown) for its log or comment and the page to keep as an artifact, and the
+evaluation is the slow part.
 
 A module of its own so that the steps (:mod:`capgate.cli.commands.diff`) know
 nothing of argparse, and the order they run in is read in one function.
@@ -22,13 +25,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from capgate.cli.commands.common import EXIT_ERROR, EXIT_OK, Actions, add_timeout, exit_codes
+from capgate.cli.commands.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Actions,
+    add_timeout,
+    exit_codes,
+    safe,
+)
 from capgate.cli.commands.diff.calls import Ask, calls_to_ask
 from capgate.cli.commands.diff.compare import compare, compare_calls
 from capgate.cli.commands.diff.evaluate import evaluate, evaluate_calls
 from capgate.cli.commands.diff.matrix import Matrix
+from capgate.cli.commands.diff.page import render
 from capgate.cli.commands.diff.report import Report
 from capgate.cli.commands.diff.sides import prepare, relative, repository
+from capgate.gateway.errors import InvalidInput
 from capgate.gateway.opa.binary import find_opa_binary
 
 __all__ = ["DEFAULT_CALL_LIMIT", "DEFAULT_LIMIT", "DEFAULT_SEED", "EXIT_WIDENED", "register", "run"]
@@ -58,7 +70,24 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _html_target(path: Path) -> Path:
+    """``--html``'s file, refused before the diff runs if it cannot be written there."""
+    if path.is_dir() or not path.parent.is_dir():
+        raise InvalidInput(f"--html {safe(path)}: give a file in a folder that exists")
+    return path
+
+
+def _write_html(path: Path, page: str) -> None:
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"--html {safe(path)}: cannot write it: {exc.strerror}") from None
+    print(f"capgate diff: wrote {safe(path)}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.html is not None:
+        _html_target(args.html)
     repo = repository(Path(args.repo))
     policies = relative(args.policies, "--policies")
     catalogue = relative(args.catalogue, "--catalogue")
@@ -89,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     flips = compare(base, head, scenarios) + compare_calls(base, head, scenarios, asks)
-    report = Report(base, head, matrix, scenarios, flips, args.show, (len(asks), total))
+    report = Report(base, head, matrix, scenarios, flips, args.show, (len(asks), total), asks)
+    if args.html is not None:
+        _write_html(args.html, render(report))
     if args.json:
         print(json.dumps(report.as_json(), indent=2, ensure_ascii=True))
     elif args.markdown:
@@ -143,6 +174,13 @@ def register(sub: Actions) -> None:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true", help="Markdown, for a PR comment")
     output.add_argument("--json", action="store_true", help="JSON, every flip")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write the role x tool grids, base beside head, as a self-contained "
+        "HTML page to FILE (with any of the outputs above on stdout)",
+    )
     parser.add_argument(
         "--no-reasons",
         action="store_true",

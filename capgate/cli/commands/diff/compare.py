@@ -32,6 +32,7 @@ __all__ = [
     "Flip",
     "compare",
     "compare_calls",
+    "state",
 ]
 
 #: The reason a tool has on the side whose catalogue lacks it.
@@ -70,9 +71,11 @@ class Flip:
         return where if self.call is None else f"{where}, call {self.call}"
 
 
-def _state(
+def state(
     tool: str, catalogue: Catalogue, result: tuple[frozenset[str], dict[str, frozenset[str]]]
 ) -> tuple[bool, frozenset[str]]:
+    """Whether ``tool`` is visible in one side's answer to a scenario (``result``), and
+    its reason codes if hidden: what a flip is made of, and all the HTML grid shows."""
     visible, hidden = result
     if tool not in catalogue.tools:
         return False, frozenset({ABSENT})
@@ -87,8 +90,8 @@ def compare(base: Side, head: Side, scenarios: Sequence[Scenario]) -> list[Flip]
     flips = []
     for scenario, before, after in zip(scenarios, base.results, head.results, strict=True):
         for tool in tools:
-            was_visible, was = _state(tool, base.catalogue, before)
-            is_visible, now = _state(tool, head.catalogue, after)
+            was_visible, was = state(tool, base.catalogue, before)
+            is_visible, now = state(tool, head.catalogue, after)
             if was_visible == is_visible and (was == now or not head.reasons):
                 continue
             kind = REASONS if was_visible == is_visible else WIDEN if is_visible else NARROW

@@ -4,6 +4,8 @@ Flips are grouped by tool and role with counts, as text (the default), as Markdo
 for a pull-request comment (``--markdown``) or as JSON (``--json``, every flip). The
 three are views of one :class:`Report`, so they say the same: the text and the
 Markdown list at most ``--show`` flips a tool and role, and their counts are complete.
+``--html`` draws the same report as grids (:mod:`.grid`, :mod:`.page`), from
+these flips and the answers the sides hold.
 
 A module of its own so that the formats change without touching what is compared.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capgate.cli.commands.common import safe
+from capgate.cli.commands.diff.calls import Ask
 from capgate.cli.commands.diff.compare import (
     CALL_NARROW,
     CALL_WIDEN,
@@ -29,7 +32,7 @@ from capgate.cli.commands.diff.compare import (
 from capgate.cli.commands.diff.matrix import Matrix, Scenario
 from capgate.cli.commands.diff.sides import Side
 
-__all__ = ["Report"]
+__all__ = ["Report", "change_text"]
 
 
 def _groups(flips: Sequence[Flip]) -> dict[tuple[str, str], list[Flip]]:
@@ -44,7 +47,9 @@ def _counts(flips: Sequence[Flip]) -> str:
     return ", ".join(f"{kind} {counted[kind]}" for kind in KINDS if counted[kind])
 
 
-def _change(flip: Flip) -> str:
+def change_text(flip: Flip) -> str:
+    """A flip's before and after, as ``base reasons => head reasons``."""
+
     def shown(codes: tuple[str, ...]) -> str:
         if codes:
             return ", ".join(codes)
@@ -63,6 +68,8 @@ class Report:
     show: int
     #: calls asked of each side, and how many there were before sampling
     calls: tuple[int, int] = (0, 0)
+    #: the calls asked, in the order of each side's ``calls`` answers
+    asks: Sequence[Ask] = ()
 
     @property
     def widened(self) -> int:
@@ -102,7 +109,7 @@ class Report:
                 lines += ["", f"{safe(tool)}: {by_tool[tool]} flip(s)"]
             lines.append(f"  role {safe(role)}: {len(flips)} ({_counts(flips)})")
             for flip in flips[: self.show]:
-                lines.append(f"    {flip.kind:<22}  {flip.label()}: {_change(flip)}")
+                lines.append(f"    {flip.kind:<22}  {flip.label()}: {change_text(flip)}")
             if len(flips) > self.show:
                 lines.append(f"    ... and {len(flips) - self.show} more (--show N)")
         return "\n".join(lines)
@@ -144,7 +151,7 @@ class Report:
         for (tool, role), flips in groups.items():
             lines.append(f"- `{_md(tool)}`, role `{_md(role)}`:")
             for flip in flips[: self.show]:
-                lines.append(f"  - {flip.kind}: {_md(flip.label())}: {_md(_change(flip))}")
+                lines.append(f"  - {flip.kind}: {_md(flip.label())}: {_md(change_text(flip))}")
             if len(flips) > self.show:
                 lines.append(f"  - ... and {len(flips) - self.show} more")
         lines += ["", "</details>"]
