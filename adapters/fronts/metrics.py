@@ -84,6 +84,8 @@ class GatewayMetrics:
         self._tools = frozenset(catalogue.tools)
         self._codes = frozenset(reason_codes)
         self._tenant_labels = tenant_labels
+        self._store = store
+        self._tenants: frozenset[str] = frozenset()
         tenant = ["tenant"] if tenant_labels else []
         self._decisions = Counter(
             "capgate_decisions",
@@ -119,7 +121,7 @@ class GatewayMetrics:
         """The gateway's observer: count one decision (and its outcome, if it ran)."""
         question = event.kind if event.kind in ("compose", "execute") else OTHER
         allow = "true" if event.allow else "false"
-        tenant = [event.tenant or OTHER] if self._tenant_labels else []
+        tenant = [self._tenant(event.tenant)] if self._tenant_labels else []
         reasons = [code if code in self._codes else OTHER for code in event.reason_codes]
         for reason in reasons or ["none"]:
             self._decisions.labels(question, allow, reason, *tenant).inc()
@@ -127,6 +129,16 @@ class GatewayMetrics:
             tool = event.tool if event.tool in self._tools else OTHER
             status = event.status if event.status in _STATUSES else OTHER
             self._outcomes.labels(tool, status, *tenant).inc()
+
+    def _tenant(self, tenant: str | None) -> str:
+        """A tenant the store holds, else ``other``: a label value is never a name
+        a caller made up. The store is read again only for a tenant not seen yet."""
+        if tenant is None:
+            return OTHER
+        if tenant not in self._tenants:
+            with self._store.transaction(read_only=True) as tx:
+                self._tenants = frozenset(t.tenant for t in tx.tenants())
+        return tenant if tenant in self._tenants else OTHER
 
     def exchange(self, exchange: Exchange) -> None:
         """The policy client's ``on_exchange``: one round trip to OPA, timed."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -116,8 +116,10 @@ class DecisionEvent:
     via: str | None = None
     #: The policy bundle revision(s) the decision was made under, "name=rev,...".
     revision: str | None = None
-    #: The principal's tenant (a metrics label only where an operator turns it on).
-    tenant: str | None = None
+    #: The principal's tenant: a metrics label only where an operator turns it on,
+    #: and left out of the event's repr, which logs and traces print (a fact is never
+    #: echoed there: it may carry whatever a library caller put in it).
+    tenant: str | None = field(default=None, repr=False)
 
 
 Observer = Callable[[DecisionEvent], None]

@@ -128,6 +128,8 @@ def test_tenants_are_labels_only_when_the_operator_asks(tmp_path: Path):
         tenant="acme",
     )  # fmt: skip
     store = open_store(str(tmp_path / "state.db"))
+    with store.transaction() as tx:
+        tx.put_tenant("acme", budget_class="standard", budget_limit=None)
     try:
         plain = GatewayMetrics(catalogue, store, reason_codes=declared_codes())
         labelled = GatewayMetrics(
@@ -146,6 +148,11 @@ def test_tenants_are_labels_only_when_the_operator_asks(tmp_path: Path):
         assert decisions == {
             (("allow", "true"), ("question", "execute"), ("reason", "none"), ("tenant", "acme")): 1
         }
+        # A tenant the store does not hold is no label value: a made-up name is "other".
+        made_up = DecisionEvent(kind="compose", agent="a", allow=False, tenant="c-42 made up")
+        labelled.observe(made_up)
+        assert "c-42" not in labelled.exposition().decode()
+        assert "c-42" not in repr(made_up)  # nor printed where events are
     finally:
         store.close()
 
