@@ -55,6 +55,7 @@ __all__ = [
     "ReviewPolicy",
     "approval_fact",
     "approvals_of",
+    "person_of",
     "block",
     "latest_approval",
     "read_proposal",
@@ -344,7 +345,7 @@ class Proposals:
                 # The distinct reviewers whose approval still stands, this one among
                 # them: the same person approving twice counts once.
                 approvers = {
-                    r.reviewer.id
+                    person_of(r.reviewer)
                     for r in tx.reviews(proposal.id)
                     if r.verdict is ReviewVerdict.APPROVED and r.expires_at > tx.now
                 }
@@ -377,6 +378,13 @@ def _ask_review(policy: ReviewPolicy, facts: ReviewInput) -> ReviewDecision:
     return decision
 
 
+def person_of(reviewer: Reviewer) -> str:
+    """Who a quorum counts: the person an agent reviewer acts for, else the reviewer,
+    compared without regard to case (as self_review compares them), so Maria and
+    her assistant approving are one approval, not two."""
+    return (reviewer.acts_for or reviewer.id).lower()
+
+
 def approvals_of(store: Store, proposal_id: str) -> list[ReviewRecord]:
     """The proposal's approving reviews, oldest first."""
     with store.transaction(read_only=True) as tx:
@@ -401,7 +409,7 @@ def approval_fact(
     if review is None:
         return None
     approvers = [
-        Approver(by=approval.reviewer.id, expires_at=approval.expires_at)
+        Approver(by=person_of(approval.reviewer), expires_at=approval.expires_at)
         for approval in (approvals or [review])
     ]
     return Approval(

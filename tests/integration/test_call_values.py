@@ -139,6 +139,18 @@ def test_above_the_threshold_two_distinct_reviewers_must_approve(gateway, store:
     ]
 
 
+def test_a_person_and_the_agent_acting_for_them_are_one_approval(gateway, store: Store, desk):
+    assistant = CONTROLLER.model_copy(
+        update={"id": "carl-assistant", "kind": "agent", "acts_for": "Carl"}
+    )
+    proposal = pay(gateway, 300_000)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    gateway.review(proposal.id, assistant, "approved")
+    assert proposal_of(store, proposal.id).status is ProposalStatus.PENDING
+    gateway.review(proposal.id, SECOND_CONTROLLER, "approved")
+    assert gateway.dispatch(proposal.id).ok
+
+
 def test_at_the_threshold_one_approval_is_enough(gateway, store: Store, desk):
     proposal = pay(gateway, 200_000)
     gateway.review(proposal.id, CONTROLLER, "approved")

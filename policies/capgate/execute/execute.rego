@@ -248,18 +248,23 @@ _is_unexpired(expires_at) if {
 	time.parse_rfc3339_ns(upper(expires_at)) > time.now_ns()
 }
 
-# The distinct reviewers who approved this call and whose approval is unexpired:
-# the approval's own reviewer, and each approver the store holds for the proposal.
-_approvers contains input.approval.approved_by if {
+# The distinct people who approved this call and whose approval is unexpired, in
+# lower case: each approver the store holds for the proposal (the gateway names
+# the person an agent reviewer acts for), or the approval's own reviewer when it
+# lists none.
+_approvers contains lower(input.approval.approved_by) if {
 	is_string(input.approval.approved_by)
+	not _lists_approvers
 	_is_approval_unexpired
 }
 
-_approvers contains approver.by if {
+_approvers contains lower(approver.by) if {
 	some approver in input.approval.approvers
 	is_string(approver.by)
 	_is_unexpired(approver.expires_at)
 }
+
+_lists_approvers if count(input.approval.approvers) > 0
 
 _rfc3339_date_time := concat("", [
 	`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])`,

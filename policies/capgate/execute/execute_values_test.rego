@@ -163,6 +163,11 @@ test_dispatch_counts_distinct_unexpired_approvers_against_the_quorum if {
 			"approvers": [{"by": "founder", "expires_at": fresh}],
 			"codes": {"approval_quorum_not_met"},
 		},
+		"over it, one person under two spellings": {
+			"amount": 2000000,
+			"approvers": [{"by": "Maria", "expires_at": fresh}, {"by": "maria", "expires_at": fresh}],
+			"codes": {"approval_quorum_not_met"},
+		},
 		"over it, a second reviewer": {
 			"amount": 2000000,
 			"approvers": [{"by": "founder", "expires_at": fresh}, {"by": "maria", "expires_at": fresh}],
