@@ -55,9 +55,9 @@ __all__ = [
     "ReviewPolicy",
     "approval_fact",
     "approvals_of",
-    "person_of",
     "block",
     "latest_approval",
+    "person_of",
     "read_proposal",
 ]
 
