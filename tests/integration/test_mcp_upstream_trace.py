@@ -28,16 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import baggage, context, propagate, trace
-from opentelemetry.context import Context
-from opentelemetry.propagators.textmap import (
-    CarrierT,
-    Getter,
-    Setter,
-    TextMapPropagator,
-    default_getter,
-    default_setter,
-)
+from opentelemetry import baggage, context, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from capgate.adapters.tools.mcp.config import ServerSpec
@@ -53,6 +44,7 @@ from tests.integration.mcp_upstream_support import (
     wait_for,
     write_spec,
 )
+from tests.propagation import FOREIGN_KEY, FOREIGN_VALUE, install_b3_like
 
 pytestmark = pytest.mark.integration
 
@@ -131,36 +123,12 @@ def test_the_calls_span_reaches_the_upstream_and_its_baggage_does_not(
     assert {k: v for k, v in within.items() if k not in ("traceparent", "tracestate")} == without
 
 
-class _OtherFormat(TextMapPropagator):
-    """An application's global propagator of another format (B3, say)."""
-
-    def extract(
-        self,
-        carrier: CarrierT,
-        context: Context | None = None,
-        getter: Getter[CarrierT] = default_getter,
-    ) -> Context:
-        return context if context is not None else Context()
-
-    def inject(
-        self,
-        carrier: CarrierT,
-        context: Context | None = None,
-        setter: Setter[CarrierT] = default_setter,
-    ) -> None:
-        setter.set(carrier, "x-b3-sampled", "1")
-
-    @property
-    def fields(self) -> set[str]:
-        return {"x-b3-sampled"}
-
-
 def test_the_w3c_keys_go_whatever_the_global_propagator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The MCP SDK injects the global propagator's fields; capgate's W3C keys are
     there besides them (they are capgate's, not the SDK's, here)."""
-    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", _OtherFormat())
+    install_b3_like(monkeypatch)
     ours = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=False)
     tools = [contract("test.meta", "test", "meta")]
     with upstream(tmp_path, "stdio") as server, Harness(tmp_path, tools, [server]) as harness:
@@ -168,7 +136,7 @@ def test_the_w3c_keys_go_whatever_the_global_propagator(
         harness.accept("test", "meta", "test.meta")
         with trace.use_span(NonRecordingSpan(ours)):
             within = received_meta(harness)
-    assert within["x-b3-sampled"] == "1"  # the control: the SDK used the global one
+    assert within[FOREIGN_KEY] == FOREIGN_VALUE  # the control: the SDK used the global one
     assert within["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 
 

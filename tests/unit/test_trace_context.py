@@ -14,19 +14,11 @@ from contextlib import contextmanager
 import httpx
 import pytest
 from opentelemetry import baggage, context, propagate, trace
-from opentelemetry.context import Context
-from opentelemetry.propagators.textmap import (
-    CarrierT,
-    Getter,
-    Setter,
-    TextMapPropagator,
-    default_getter,
-    default_setter,
-)
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from capgate.gateway.policy.client import PolicyClient
 from capgate.gateway.tracing import trace_context
+from tests.propagation import FOREIGN_KEY, FOREIGN_VALUE, install_b3_like
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 SPAN_ID = 0x00F067AA0BA902B7
@@ -124,36 +116,12 @@ def test_tracestate_goes_along_but_never_baggage() -> None:
     assert extra_headers(request) == {"traceparent": TRACEPARENT, "tracestate": "vendor=x1"}
 
 
-class _B3Like(TextMapPropagator):
-    """A stand-in for an application's own global propagator (B3, say)."""
-
-    def extract(
-        self,
-        carrier: CarrierT,
-        context: Context | None = None,
-        getter: Getter[CarrierT] = default_getter,
-    ) -> Context:
-        return context if context is not None else Context()
-
-    def inject(
-        self,
-        carrier: CarrierT,
-        context: Context | None = None,
-        setter: Setter[CarrierT] = default_setter,
-    ) -> None:
-        setter.set(carrier, "x-b3-traceid", "not-w3c")
-
-    @property
-    def fields(self) -> set[str]:
-        return {"x-b3-traceid"}
-
-
 def test_the_w3c_format_whatever_the_global_propagator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", _B3Like())
+    install_b3_like(monkeypatch)
     carrier: dict[str, str] = {}
     with current_span():
         propagate.inject(carrier)
-    assert carrier == {"x-b3-traceid": "not-w3c"}  # the control: the global one is B3
+    assert carrier == {FOREIGN_KEY: FOREIGN_VALUE}  # the control: the global one is B3
     client, seen = recording_client()
     with client, current_span():
         client.catalogue_digest()
