@@ -221,6 +221,9 @@ class Derivation(StrEnum):
     EMAIL_DOMAIN = "email_domain"
 
 
+#: The value types a limit or a quorum's threshold compares.
+_NUMERIC = frozenset({ValueType.INTEGER, ValueType.NUMBER})
+
 #: The largest magnitude of a number sent to OPA: beyond 2**53 a JSON number loses
 #: integers, and a limit compared against a rounded amount would be wrong.
 MAX_VALUE_MAGNITUDE = 2**53
@@ -397,7 +400,7 @@ class ToolContract(_Spec):
                     f"limits[{position}]: {quote(limit.value)} is not one of the values "
                     "(declare it under values)"
                 )
-            if spec.type not in (ValueType.INTEGER, ValueType.NUMBER):
+            if spec.type not in _NUMERIC:
                 raise ValueError(
                     f"limits[{position}]: value {quote(limit.value)} is a {spec.type.value}; "
                     "a limit applies to an integer or a number"
@@ -414,7 +417,7 @@ class ToolContract(_Spec):
             if rule.value is None:
                 continue
             known = self.values.get(rule.value)
-            if known is None or known.type not in (ValueType.INTEGER, ValueType.NUMBER):
+            if known is None or known.type not in _NUMERIC:
                 raise ValueError(
                     f"quorum[{position}]: {quote(rule.value)} must be one of the values, "
                     "an integer or a number"
