@@ -40,6 +40,7 @@ __all__ = [
     "MAX_PARAMS_BYTES",
     "canonical_json",
     "digest_of",
+    "email_digest",
     "params_digest",
     "plain_json",
     "plain_params",
@@ -226,6 +227,14 @@ def params_digest(params: Mapping[str, Any]) -> str:
     refuse has no digest either.
     """
     return digest_of(plain_params(params)[1])
+
+
+def email_digest(address: str) -> str:
+    """``sha256:<hex>`` of an email address, trimmed and lower-cased: one spelling of
+    one address, so that evidence about it (``verified_recipient``) can name the
+    address without storing it or sending it to OPA. The demo's desk computes the
+    same digest (:class:`~capgate.gateway.model.contracts.Derivation`)."""
+    return digest_of(address.strip().lower().encode("utf-8"))
 
 
 def _too_big(what: str, limit: int) -> InvalidInput:

@@ -457,8 +457,16 @@ def _quote_email(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         recorded.status is OutcomeStatus.SUCCESS and recorded.provider_receipt is not None,
         f"the reviewed quote is recorded in the CRM (receipt {recorded.provider_receipt})",
     )
-    sales.call_tool("contact.verify_email", contact_id="c-42")
+    sales.call_tool("contact.verify_email", contact_id="c-42", email=_EMAIL["recipient"])
     sales.call_tool("consent.check", contact_id="c-42")
+    # The verification is evidence about Ada's address (its digest), not about
+    # whoever the agent mails next.
+    elsewhere = {**_EMAIL, "recipient": "cb@example.test"}
+    denial = _denied(lambda: sales.call_tool("quote.prepare_send", **elsewhere))
+    trace.expect(
+        denial is not None and denial.reason_codes == ["evidence_missing"],
+        "a verified recipient licenses mail to that address only: another is evidence_missing",
+    )
     email = sales.call_tool("quote.prepare_send", **_EMAIL)
     proposal = email["proposal_id"]
     trace.say(f"    proposal {proposal}: to {_EMAIL['recipient']!r}, subject {_EMAIL['subject']!r}")

@@ -52,7 +52,15 @@ def _compile_tool(tool: ToolContract) -> dict[str, Any]:
         "roles": dict.fromkeys(tool.roles, True),
         "connection_alias": tool.connection_alias,
         "subject_type": tool.subject_type,
-        "requires": list(tool.requires),
+        "requires": tool.required_names,
+        # What each required piece of evidence must be about, by name: the call's
+        # subject, or a value with the type its evidence has (email_digest, ...);
+        # a name absent here is evidence about anything.
+        "requires_about": {
+            required.name: {"about": required.about, "type": tool.evidence_kind(required.about)}
+            for required in tool.requires
+            if required.about is not None
+        },
         "approval": tool.approval.value,
         "execution_action": tool.execution_action,
         "recovery": tool.recovery,
@@ -60,7 +68,7 @@ def _compile_tool(tool: ToolContract) -> dict[str, Any]:
         "cost_class": tool.cost_class.value,
         "cost": tool.cost_units,
         "environments": dict.fromkeys(tool.environments, True),
-        "produces": list(tool.produces),
+        "produces": tool.produced_names,
         "reviewers": dict.fromkeys(tool.reviewers, True),
         # What the policies may read of a call (input.call.values) and the limits on
         # it; roles absent from a limit: every role the tool grants.

@@ -18,6 +18,7 @@ from typing import Any, Final
 from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
+from capgate.gateway.digest import email_digest
 from capgate.gateway.errors import InvalidInput, cut, quote
 from capgate.gateway.model.contracts import (
     MAX_VALUE_MAGNITUDE,
@@ -25,7 +26,7 @@ from capgate.gateway.model.contracts import (
     ToolContract,
     ValueType,
 )
-from capgate.gateway.model.facts import Approval, ComposeInput
+from capgate.gateway.model.facts import Approval, ComposeInput, EvidencePiece
 
 __all__ = [
     "MAX_EVIDENCE",
@@ -33,6 +34,7 @@ __all__ = [
     "Unevaluable",
     "checked_approval",
     "checked_evidence",
+    "checked_pieces",
     "checked_facts",
     "dumped_facts",
     "schema_problem",
@@ -102,6 +104,30 @@ def checked_evidence(evidence: object) -> list[str]:
                 f"evidence[{position}] must be a name (a string), not a {type(name).__name__}"
             )
     return [str.__str__(name) for name in names]
+
+
+def checked_pieces(pieces: object) -> list[dict[str, Any]]:
+    """The pieces of evidence (:class:`EvidencePiece`), dumped to be validated again
+    with the rest of the input, or InvalidInput; at most :data:`MAX_EVIDENCE`."""
+    if isinstance(pieces, str | bytes | Mapping) or not isinstance(pieces, Iterable):
+        raise InvalidInput(
+            f"evidence_about must be a collection of EvidencePiece, not a {type(pieces).__name__}"
+        )
+    try:
+        listed = list(itertools.islice(pieces, MAX_EVIDENCE + 1))
+    except Exception as exc:  # the caller's own iterable failed
+        raise InvalidInput(f"evidence_about could not be read ({type(exc).__name__})") from None
+    if len(listed) > MAX_EVIDENCE:
+        raise InvalidInput(f"evidence_about: more than the limit of {MAX_EVIDENCE} pieces")
+    dumped = []
+    for position, piece in enumerate(listed):
+        if not isinstance(piece, EvidencePiece):
+            raise InvalidInput(
+                f"evidence_about[{position}] must be an EvidencePiece, not a "
+                f"{type(piece).__name__}"
+            )
+        dumped.append(piece.model_dump(warnings=False))
+    return dumped
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +225,11 @@ def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, An
             raise InvalidInput(f"{where} must be of type {spec.type.value}")
         if spec.type is ValueType.INTEGER and isinstance(raw, float):
             raw = int(raw)  # 5.0 is the integer 5, as in JSON Schema
-        if spec.derive is Derivation.EMAIL_DOMAIN:
+        if spec.derive is not None:  # both derivations read an email address
             local, at, domain = str(raw).rpartition("@")
             if not at or not local or not domain:
                 raise InvalidInput(f"{where} must be an email address (name@domain)")
-            raw = domain.lower()
+            raw = domain.lower() if spec.derive is Derivation.EMAIL_DOMAIN else email_digest(str(raw))
         if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
             raise InvalidInput(f"{where} must be at most {MAX_VALUE_CHARS} characters")
         if isinstance(raw, int | float) and not isinstance(raw, bool):

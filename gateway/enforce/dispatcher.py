@@ -49,6 +49,7 @@ from capgate.gateway.enforce.arguments import (
     Schemas,
     checked_approval,
     checked_evidence,
+    checked_pieces,
     checked_facts,
     dumped_facts,
     subject_of,
@@ -79,6 +80,7 @@ from capgate.gateway.model.facts import (
     Approval,
     Budget,
     ComposeInput,
+    EvidencePiece,
     ExecuteInput,
     OperationState,
     ProposalRef,
@@ -217,6 +219,7 @@ class Dispatcher:
         budget: Budget | None = None,
         operation: OperationState | None = None,
         proposal: ProposalRef | None = None,
+        evidence_about: Iterable[EvidencePiece] = (),
     ) -> Outcome:
         """Authorise and run one call with facts the caller vouches for.
 
@@ -234,6 +237,7 @@ class Dispatcher:
             stage=stage,
             approval=approval,
             evidence=evidence,
+            evidence_about=evidence_about,
             budget=budget,
             operation=operation,
             proposal=proposal,
@@ -273,6 +277,7 @@ class Dispatcher:
         operation: OperationState | None = None,
         proposal: ProposalRef | None = None,
         version: int | None = None,
+        evidence_about: Iterable[EvidencePiece] = (),
     ) -> ExecuteInput:
         """The execute input for a prepared call and the facts gathered for it.
 
@@ -301,6 +306,7 @@ class Dispatcher:
                 raise InvalidInput(f"{name} must be a {model.__name__} or None")
         approval = checked_approval(approval)
         names = checked_evidence(evidence)
+        pieces = checked_pieces(evidence_about)
         contract = prepared.contract
         call: dict[str, Any] = {
             "tool": prepared.tool,
@@ -322,6 +328,7 @@ class Dispatcher:
                     "stage": stage,
                     "approval": approval,
                     "evidence": sorted(set(names)),
+                    "evidence_about": pieces,
                     "budget": budget,
                     "operation": operation,
                     "proposal": proposal,

@@ -44,7 +44,9 @@ __all__ = [
     "Idempotency",
     "LimitSpec",
     "Mode",
+    "ProducedEvidence",
     "QuorumRule",
+    "RequiredEvidence",
     "RoleSpec",
     "TaskTypeSpec",
     "ToolContract",
@@ -219,6 +221,11 @@ class Derivation(StrEnum):
     """
 
     EMAIL_DOMAIN = "email_domain"
+    #: ``email_digest``: the digest (``sha256:...``) of the whole address, trimmed and
+    #: lower-cased, so that evidence about an address (``verified_recipient``) can be
+    #: bound to one recipient without the address itself being stored or sent to OPA
+    #: (:func:`capgate.gateway.digest.email_digest`).
+    EMAIL_DIGEST = "email_digest"
 
 
 #: The value types a limit or a quorum's threshold compares.
@@ -245,9 +252,57 @@ class ValueSpec(_Spec):
 
     @model_validator(mode="after")
     def _derivation_fits(self) -> ValueSpec:
-        if self.derive is Derivation.EMAIL_DOMAIN and self.type is not ValueType.STRING:
-            raise ValueError("derive: email_domain gives a string (type: string)")
+        if self.derive is not None and self.type is not ValueType.STRING:
+            raise ValueError(f"derive: {self.derive.value} gives a string (type: string)")
         return self
+
+    @property
+    def kind(self) -> str:
+        """What evidence about this value is about (the type of its subject): the
+        derivation (``email_digest``), else ``value``."""
+        return self.derive.value if self.derive is not None else "value"
+
+
+#: ``about:`` naming the call's subject rather than one of its values.
+ABOUT_SUBJECT = "subject"
+
+#: The longest life a piece of evidence may be given: ten years.
+MAX_EVIDENCE_TTL_SECONDS = 10 * 366 * 24 * 3600
+
+
+def _plain_name(entry: Any) -> Any:
+    """A plain name in ``produces``/``requires`` is the entry ``{name: ...}``."""
+    return {"name": entry} if isinstance(entry, str) else entry
+
+
+class ProducedEvidence(_Spec):
+    """A piece of evidence a successful call records for its task, and what it is about.
+
+    ``about`` absent: the call's subject (``{type: invoice, id: inv-9}``) when the
+    contract has a subject type, else nothing; ``subject``: the call's subject, which
+    the contract must then have; any other name: that declared value of the call
+    (``values:``, a string), e.g. the digest of the verified address. ``ttl_seconds``:
+    the evidence expires that long after it is recorded (expired evidence is not
+    evidence); absent, it never expires. A plain name in ``produces`` is this with
+    neither.
+    """
+
+    name: Identifier
+    about: Identifier | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_EVIDENCE_TTL_SECONDS, strict=True)
+
+
+class RequiredEvidence(_Spec):
+    """Evidence a call needs, and what it must be about.
+
+    ``about`` absent: evidence of that name about anything (a plain name in
+    ``requires`` means this, as before subjects existed); ``subject``: about the
+    call's own subject; any other name: about that declared value of the call (a
+    string), e.g. ``recipient_digest``. In every case only unexpired evidence counts.
+    """
+
+    name: Identifier
+    about: Identifier | None = None
 
 
 class LimitSpec(_Spec):
@@ -309,7 +364,9 @@ class ToolContract(_Spec):
     #: The dispatcher reads the subject from the parameters, so the object the
     #: policy checks is the object the tool touches.
     subject_param: Identifier | None = None
-    requires: list[Identifier] = Field(default_factory=list)
+    #: The evidence a call needs (:class:`RequiredEvidence`; a plain name is evidence
+    #: of that name about anything).
+    requires: list[RequiredEvidence] = Field(default_factory=list)
     approval: ApprovalKind = ApprovalKind.NONE
     # validate_default: the propose_write rule must also run when the key is absent.
     execution_action: Identifier | None = Field(default=None, validate_default=True)
@@ -320,8 +377,10 @@ class ToolContract(_Spec):
     output_schema: JSONSchema = Field(default_factory=_default_schema)
     environments: list[Identifier] = Field(min_length=1)
     #: Evidence the gateway records for the task when a call (or the dispatch of a
-    #: proposal) of this tool succeeds; other tools may ``require`` it.
-    produces: list[Identifier] = Field(default_factory=list)
+    #: proposal) of this tool succeeds (:class:`ProducedEvidence`; a plain name is
+    #: about the call's subject, if it has one, and never expires); other tools may
+    #: ``require`` it.
+    produces: list[ProducedEvidence] = Field(default_factory=list)
     #: Budget units one call reserves; ``None`` means the cost class's default
     #: (:data:`DEFAULT_COST_UNITS`), unless ``cost_value`` names a value to count.
     cost: int | None = Field(default=None, ge=0, le=1_000_000_000, strict=True)
@@ -349,6 +408,11 @@ class ToolContract(_Spec):
     #: policy learns whether the upstream definition is accepted from the
     #: ``quarantined`` fact.
     upstream: UpstreamRef | None = None
+
+    @field_validator("requires", "produces", mode="before")
+    @classmethod
+    def _plain_names(cls, value: Any) -> Any:
+        return [_plain_name(entry) for entry in value] if isinstance(value, list) else value
 
     @field_validator("execution_action")
     @classmethod
@@ -381,7 +445,65 @@ class ToolContract(_Spec):
         if self.reviewers and not self.needs_review:
             raise ValueError("reviewers: this tool's calls are never reviewed")
         self._check_values()
+        self._check_evidence()
         return self
+
+    def _check_evidence(self) -> None:
+        """Each piece of evidence named once, about the subject only if there is one,
+        and about a value only if it is a declared string value."""
+        for field, entries in (("produces", self.produces), ("requires", self.requires)):
+            seen: set[str] = set()
+            for position, entry in enumerate(entries):
+                where = f"{field}[{position}]"
+                if entry.name in seen:
+                    raise ValueError(f"{where}: evidence {quote(entry.name)} is listed twice")
+                seen.add(entry.name)
+                if entry.about is None:
+                    continue
+                if entry.about == ABOUT_SUBJECT:
+                    if self.subject_type is None:
+                        raise ValueError(
+                            f"{where}.about: tool {quote(self.name)} has no subject "
+                            "(subject_type)"
+                        )
+                    continue
+                spec = self.values.get(entry.about)
+                if spec is None:
+                    raise ValueError(
+                        f"{where}.about: {quote(entry.about)} is neither 'subject' nor one "
+                        "of the values (declare it under values)"
+                    )
+                if spec.type is not ValueType.STRING:
+                    raise ValueError(
+                        f"{where}.about: value {quote(entry.about)} is a {spec.type.value}; "
+                        "evidence is about a string value"
+                    )
+
+    def evidence_kind(self, about: str | None) -> str | None:
+        """The type of the subject of evidence about ``about`` in a call of this tool:
+        the subject type, a value's kind (:attr:`ValueSpec.kind`), or None for
+        evidence about nothing."""
+        if about is None:
+            return None
+        if about == ABOUT_SUBJECT:
+            return self.subject_type
+        return self.values[about].kind
+
+    def produced_about(self, evidence: ProducedEvidence) -> str | None:
+        """What ``evidence`` of this tool is about: ``subject``, a value, or None."""
+        if evidence.about is None and self.subject_type is not None:
+            return ABOUT_SUBJECT
+        return evidence.about
+
+    @property
+    def produced_names(self) -> list[str]:
+        """The names of the evidence this tool produces."""
+        return [evidence.name for evidence in self.produces]
+
+    @property
+    def required_names(self) -> list[str]:
+        """The names of the evidence this tool requires."""
+        return [evidence.name for evidence in self.requires]
 
     def _check_values(self) -> None:
         """Each value from a parameter the input schema has; each limit and the cost
@@ -565,15 +687,32 @@ class Catalogue(_Spec):
 
     def _evidence_problems(self) -> list[str]:
         # The gateway records evidence only when a tool that produces it succeeds, so
-        # a requirement nothing produces could never be met: almost always a typo.
-        produced = {name for tool in self.tools.values() for name in tool.produces}
-        return [
-            f"tool {quote(tool.name)}: field 'requires[{position}]': no tool produces "
-            f"evidence {quote(name)} (list it in some tool's produces)"
-            for tool in self.tools.values()
-            for position, name in enumerate(tool.requires)
-            if name not in produced
-        ]
+        # a requirement nothing produces could never be met: almost always a typo. A
+        # requirement about something must have a producer about the same kind of
+        # thing (an invoice, an email digest): evidence about a contact can never be
+        # about an invoice.
+        kinds: dict[str, set[str | None]] = {}
+        for tool in self.tools.values():
+            for produced in tool.produces:
+                kind = tool.evidence_kind(tool.produced_about(produced))
+                kinds.setdefault(produced.name, set()).add(kind)
+        problems = []
+        for tool in self.tools.values():
+            for position, required in enumerate(tool.requires):
+                where = f"tool {quote(tool.name)}: field 'requires[{position}]'"
+                if required.name not in kinds:
+                    problems.append(
+                        f"{where}: no tool produces evidence {quote(required.name)} (list it "
+                        "in some tool's produces)"
+                    )
+                    continue
+                kind = tool.evidence_kind(required.about)
+                if kind is not None and kind not in kinds[required.name]:
+                    problems.append(
+                        f"{where}: no tool produces evidence {quote(required.name)} about a "
+                        f"{quote(kind)} (what requires[{position}].about is)"
+                    )
+        return problems
 
     def _upstream_problems(self) -> list[str]:
         # One contract per upstream tool: acceptance maps an upstream definition to

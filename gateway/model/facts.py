@@ -38,6 +38,8 @@ __all__ = [
     "Call",
     "ComposeInput",
     "ConnectionStatus",
+    "EvidencePiece",
+    "EvidenceSubject",
     "ExecuteInput",
     "Identifier",
     "OperationState",
@@ -294,6 +296,29 @@ class ProposalRef(_Facts):
     status: Identifier
 
 
+class EvidenceSubject(_Facts):
+    """What a piece of evidence is about: a call's subject (``{type: invoice, id:
+    inv-9}``) or one of its declared values, typed by its kind (``{type:
+    email_digest, id: sha256:...}``, ``value`` for an underived one)."""
+
+    type: Identifier
+    id: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+class EvidencePiece(_Facts):
+    """One piece of evidence the task has, as the store recorded it.
+
+    ``subject`` None: about nothing in particular (evidence recorded before
+    subjects existed, or by a tool without one); it meets only requirements about
+    anything. ``expires_at`` None: it never expires; else the policy counts it only
+    while that time is later than OPA's clock, as for approvals.
+    """
+
+    name: Identifier
+    subject: EvidenceSubject | None = None
+    expires_at: AwareDatetime | None = None
+
+
 class ExecuteInput(ComposeInput):
     """Input of ``capgate/execute``: the compose facts plus the call and its proofs.
 
@@ -304,7 +329,14 @@ class ExecuteInput(ComposeInput):
     call: Call
     stage: Stage = Stage.CALL
     approval: Approval | None = None
+    #: The names of the evidence the task has that never expires, whatever it is
+    #: about: what a requirement about anything reads (the stateless path's callers
+    #: pass names only).
     evidence: list[Identifier] = Field(default_factory=list)
+    #: Every piece of evidence the task has, with its subject and expiry: what a
+    #: requirement about the call's subject or a value reads, and a requirement about
+    #: anything too (for evidence that expires).
+    evidence_about: list[EvidencePiece] = Field(default_factory=list, max_length=256)
     budget: Budget | None = None
     operation: OperationState | None = None
     proposal: ProposalRef | None = None

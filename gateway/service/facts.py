@@ -22,6 +22,7 @@ from capgate.gateway.model.facts import (
     Approval,
     Budget,
     ComposeInput,
+    EvidencePiece,
     ExecuteInput,
     OperationState,
     Principal,
@@ -52,7 +53,8 @@ class CallFacts:
     """Every fact deciding and running one call read from the store, in one snapshot."""
 
     compose: ComposeInput
-    evidence: frozenset[str]
+    #: Every piece of evidence the task has, expired or not (OPA's clock judges).
+    evidence: tuple[EvidencePiece, ...]
     budget: BudgetState
     operation: OperationState
     #: The account of each of the tenant's connections, by alias: the tool's
@@ -129,7 +131,7 @@ class FactReader:
             connections = tx.connections(tenant)
             return CallFacts(
                 compose=self.compose(tx, principal, task, environment, connections),
-                evidence=frozenset(tx.evidence(tenant, task_id)),
+                evidence=tuple(r.piece() for r in tx.evidence_records(tenant, task_id)),
                 budget=tx.budget(tenant, task_id),
                 operation=operation_state(tx.get_operation(tenant, operation_id)),
                 accounts={alias: c.account for alias, c in connections.items()},
@@ -168,7 +170,9 @@ def execute_input(
     """The execute input of ``prepared`` under ``facts``: the one place the gateway's
     facts become OPA's input. The budget (the remaining units and what this call
     costs) and the operation's history go when something runs; proposing runs
-    nothing, so it is sent neither."""
+    nothing, so it is sent neither. Evidence goes twice: the names of the pieces that
+    never expire (what a requirement about anything reads, as before subjects), and
+    every piece with its subject and expiry."""
     runs = stage is not Stage.PROPOSE
     cost = prepared.cost
     return dispatcher.execute_input(
@@ -177,7 +181,8 @@ def execute_input(
         operation_id=operation_id,
         stage=stage,
         approval=approval,
-        evidence=facts.evidence,
+        evidence={piece.name for piece in facts.evidence if piece.expires_at is None},
+        evidence_about=facts.evidence,
         budget=Budget(remaining=facts.budget.remaining, cost=cost) if runs else None,
         operation=facts.operation if runs else None,
         proposal=proposal,

@@ -31,7 +31,7 @@ from capgate.gateway.service.facts import CallFacts
 from capgate.gateway.service.leases import Leases
 from capgate.gateway.service.ledger import append, entry
 from capgate.gateway.service.proposals import block
-from capgate.gateway.service.settle import conclude, record_produced, stopped
+from capgate.gateway.service.settle import call_about, conclude, record_produced, stopped
 from capgate.gateway.state.records import (
     OperationRecord,
     OperationStatus,
@@ -403,7 +403,15 @@ class Operations:
             adds = not (late and outcome.status is OutcomeStatus.UNKNOWN)
             if current is not None and not taken_over and adds:
                 conclude(tx, current, outcome)
-            record_produced(tx, contract, tenant, task_id, operation.operation_id, outcome)
+            record_produced(
+                tx,
+                contract,
+                tenant,
+                task_id,
+                operation.operation_id,
+                outcome,
+                call_about(authorised.prepared.subject, authorised.prepared.values),
+            )
             tx.append(
                 entry(
                     "outcome",
@@ -413,7 +421,7 @@ class Operations:
                     detail={
                         "attempt": operation.attempts,
                         "receipt": outcome.provider_receipt,
-                        "produced": list(contract.produces)
+                        "produced": contract.produced_names
                         if outcome.status is OutcomeStatus.SUCCESS
                         else [],
                         **({"after_lease": True} if late else {}),

@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from capgate.gateway.enforce.arguments import subject_of, values_of
 from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import (
     CapgateError,
@@ -29,7 +31,7 @@ from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.operations import has_lookup
-from capgate.gateway.service.settle import conclude, record_produced
+from capgate.gateway.service.settle import call_about, conclude, record_produced
 from capgate.gateway.state.records import LedgerEntry, OperationRecord, OperationStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.contract import CallContext, SupportsLookup
@@ -230,7 +232,15 @@ class Recovery:
             ):
                 return None  # settled, or taken up again, meanwhile
             record = conclude(tx, current, outcome)
-            produced = record_produced(tx, contract, tenant, current.task_id, operation_id, outcome)
+            produced = record_produced(
+                tx,
+                contract,
+                tenant,
+                current.task_id,
+                operation_id,
+                outcome,
+                _proposed_about(contract, proposal.params) if proposal is not None else None,
+            )
             tx.append(
                 LedgerEntry(
                     kind="lookup",
@@ -346,3 +356,13 @@ def read_operation(store: Store, tenant: str, operation_id: str) -> OperationRec
     """The tenant's operation of that id, read in a transaction of its own."""
     with store.transaction(read_only=True) as tx:
         return tx.get_operation(tenant, operation_id)
+
+
+def _proposed_about(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a proposal's call was about (its subject and values), read from its frozen
+    parameters as the dispatch read them; None if they no longer fit the contract (the
+    evidence is then about nothing, which grants no more than not knowing)."""
+    try:
+        return call_about(subject_of(contract, params), values_of(contract, params))
+    except InvalidInput:
+        return None

@@ -8,12 +8,17 @@ unknown keeps it held until a lookup says what happened.
 
 from __future__ import annotations
 
-from capgate.gateway.model.contracts import ToolContract
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from capgate.gateway.model.contracts import ABOUT_SUBJECT, ToolContract
+from capgate.gateway.model.facts import EvidenceSubject
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.state.records import OperationRecord, OperationStatus
 from capgate.gateway.state.store import Tx
 
-__all__ = ["conclude", "record_produced", "stopped"]
+__all__ = ["call_about", "conclude", "evidence_subject", "record_produced", "stopped"]
 
 
 def conclude(tx: Tx, current: OperationRecord, outcome: Outcome) -> OperationRecord:
@@ -50,13 +55,57 @@ def record_produced(
     task_id: str | None,
     operation_id: str,
     outcome: Outcome,
+    about: Mapping[str, Any] | None,
 ) -> list[str]:
-    """Record, for the task, the evidence a successful operation produces; its names."""
+    """Record, for the task, the evidence a successful operation produces; its names.
+
+    ``about`` is what the call was about: its ``subject`` and ``values`` as the policy
+    saw them (:func:`call_about`), or None when they are not known (an operation
+    settled by a lookup without its proposal), which records the evidence about
+    nothing: it then meets only requirements about anything, never one about a
+    subject, so not knowing never grants more. Each piece's expiry is counted from
+    the store's clock.
+    """
     if outcome.status is not OutcomeStatus.SUCCESS or task_id is None:
         return []
-    for name in contract.produces:
-        tx.record_evidence(tenant, task_id, name, source=f"operation:{operation_id}")
-    return list(contract.produces)
+    for produced in contract.produces:
+        expires_at = None
+        if produced.ttl_seconds is not None:
+            expires_at = tx.now + timedelta(seconds=produced.ttl_seconds)
+        tx.record_evidence(
+            tenant,
+            task_id,
+            produced.name,
+            source=f"operation:{operation_id}",
+            subject=evidence_subject(contract, contract.produced_about(produced), about),
+            expires_at=expires_at,
+        )
+    return contract.produced_names
+
+
+def call_about(subject: Mapping[str, str] | None, values: Mapping[str, Any]) -> dict[str, Any]:
+    """What a call is about, for :func:`record_produced`: its subject and values."""
+    return {"subject": subject, "values": values}
+
+
+def evidence_subject(
+    contract: ToolContract, about: str | None, call: Mapping[str, Any] | None
+) -> EvidenceSubject | None:
+    """The subject of evidence about ``about`` (``subject``, a value name or None) of
+    a call of ``contract`` (:func:`call_about`); None when there is none to name (about
+    nothing, the call unknown, or an absent optional value)."""
+    if about is None or call is None:
+        return None
+    if about == ABOUT_SUBJECT:
+        subject = call.get("subject")
+        if not isinstance(subject, Mapping):
+            return None
+        return EvidenceSubject(type=subject["type"], id=subject["id"])
+    value = call.get("values", {}).get(about)
+    kind = contract.evidence_kind(about)
+    if not isinstance(value, str) or not value or kind is None:
+        return None
+    return EvidenceSubject(type=kind, id=value)
 
 
 def stopped(operation: OperationRecord, contract: ToolContract) -> Outcome:

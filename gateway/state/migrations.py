@@ -310,6 +310,35 @@ def _version_7(d: Dialect) -> list[str]:
     return ["ALTER TABLE reviews ADD COLUMN comment TEXT"]
 
 
+def _version_8(d: Dialect) -> list[str]:
+    """Evidence about something, for a while: each piece names its subject (the call's
+    subject or one of its values, ``docs/catalogue.md``) and may expire. The subject
+    joins the primary key, so the same name about two invoices is two pieces; a
+    primary key cannot change in place on SQLite, so the table is rebuilt on both
+    backends. Rows from before keep their names and are about nothing (empty type and
+    id, which no subject has) and never expire: they meet exactly the requirements
+    they met before."""
+    t = d.time_type
+    return [
+        f"""CREATE TABLE evidence_v8 (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            task_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            subject_type TEXT NOT NULL DEFAULT '',
+            subject_id TEXT NOT NULL DEFAULT '',
+            source TEXT NOT NULL,
+            recorded_at {t} NOT NULL,
+            expires_at {t},
+            CHECK ((subject_type = '') = (subject_id = '')),
+            PRIMARY KEY (tenant, task_id, name, subject_type, subject_id)
+        )""",
+        "INSERT INTO evidence_v8 (tenant, task_id, name, source, recorded_at) "
+        "SELECT tenant, task_id, name, source, recorded_at FROM evidence",
+        "DROP TABLE evidence",
+        "ALTER TABLE evidence_v8 RENAME TO evidence",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -321,6 +350,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "the dispatch queue of the execution workers", _version_5),
     Migration(6, "webhook notices: cursors, deliveries and attempts", _version_6),
     Migration(7, "reviews.comment, what a reviewer wrote beside the verdict", _version_7),
+    Migration(8, "evidence about a subject, with an expiry", _version_8),
 )  # fmt: skip
 
 

@@ -16,7 +16,14 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 from capgate.gateway.digest import canonical_json, digest_of
 from capgate.gateway.model.comments import ReviewComment
 from capgate.gateway.model.contracts import UpstreamToolName
-from capgate.gateway.model.facts import ConnectionStatus, Identifier, Principal, Reviewer
+from capgate.gateway.model.facts import (
+    ConnectionStatus,
+    EvidencePiece,
+    EvidenceSubject,
+    Identifier,
+    Principal,
+    Reviewer,
+)
 
 __all__ = [
     "MAX_AMOUNT",
@@ -111,13 +118,24 @@ class ConnectionRecord(_Record):
 
 
 class EvidenceRecord(_Record):
-    """A piece of evidence the gateway recorded for a task, and what produced it."""
+    """A piece of evidence the gateway recorded for a task, and what produced it.
+
+    ``subject``: what it is about (None: nothing in particular, as every piece
+    recorded before schema version 8); ``expires_at``: when it stops being evidence
+    (None: never).
+    """
 
     tenant: Identifier
     task_id: Identifier
     name: Identifier
     source: str = Field(min_length=1, max_length=256)  # e.g. "operation:op-17", "review:rv-3"
     recorded_at: AwareDatetime
+    subject: EvidenceSubject | None = None
+    expires_at: AwareDatetime | None = None
+
+    def piece(self) -> EvidencePiece:
+        """The piece as the execute policy reads it (``input.evidence_about``)."""
+        return EvidencePiece(name=self.name, subject=self.subject, expires_at=self.expires_at)
 
 
 class ProposalStatus(StrEnum):

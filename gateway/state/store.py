@@ -44,7 +44,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from capgate.gateway.model.facts import ConnectionStatus
+from capgate.gateway.model.facts import ConnectionStatus, EvidenceSubject
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
@@ -71,7 +71,7 @@ __all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
 #: claim given back); ``proposal_rows``, a ledger row naming a proposal appended (what
@@ -157,12 +157,26 @@ class Tx(Protocol):
     # -- evidence ---------------------------------------------------------------------
 
     def record_evidence(
-        self, tenant: str, task_id: str, name: str, *, source: str
+        self,
+        tenant: str,
+        task_id: str,
+        name: str,
+        *,
+        source: str,
+        subject: EvidenceSubject | None = None,
+        expires_at: datetime | None = None,
     ) -> EvidenceRecord:
-        """Record it once; recording the same name again keeps (and returns) the first
-        record. ``UnknownTenant`` if there is no such tenant."""
+        """Record it once per name and subject; recording it again keeps (and returns)
+        the first record, unless the first expires before the new one would: then the
+        new source, time and expiry replace it (evidence shown again is renewed).
+        ``UnknownTenant`` if there is no such tenant."""
 
-    def evidence(self, tenant: str, task_id: str) -> set[str]: ...
+    def evidence(self, tenant: str, task_id: str) -> set[str]:
+        """The names of the evidence recorded for the task, whatever it is about and
+        whether or not it has expired."""
+
+    def evidence_records(self, tenant: str, task_id: str) -> list[EvidenceRecord]:
+        """Every piece of evidence recorded for the task, by name and subject."""
 
     # -- operations -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capgate.adapters.tools.in_process import InProcessTools, current_call
+from capgate.gateway.digest import email_digest
 from capgate.gateway.model.outcomes import ToolRefused, ToolUnknown
 
 __all__ = ["SalesDesk"]
@@ -53,9 +54,14 @@ class SalesDesk:
         contact = self._contact(contact_id)
         return {"contact_id": contact_id, "name": contact["name"], "email": contact["email"]}
 
-    def contact_verify_email(self, contact_id: str) -> dict[str, Any]:
+    def contact_verify_email(self, contact_id: str, email: str) -> dict[str, Any]:
+        # The CRM knows the contact's address: another address is not theirs, so
+        # the evidence (about the digest of the address asked) is never about it.
         self.entered.append("contact.verify_email")
-        if not self._contact(contact_id)["verified"]:
+        contact = self._contact(contact_id)
+        if email_digest(email) != email_digest(contact["email"]):
+            raise ToolRefused("that is not the contact's email address")
+        if not contact["verified"]:
             raise ToolRefused("the contact's email address is not verified")
         return {"contact_id": contact_id, "verified": True}
 

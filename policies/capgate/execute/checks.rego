@@ -117,8 +117,11 @@ import data.capgate.quorum
 #             {value} is {actual}
 #     - check: evidence
 #       title: Evidence
-#       description: The call brings every evidence name the contract requires.
-#       facts: [required, missing]
+#       description: >-
+#         The call brings every piece of evidence the contract requires, unexpired and
+#         about what the contract says (about: the call's subject or one of its
+#         values; absent, about anything).
+#       facts: [required, about, missing]
 #       codes:
 #         evidence_missing:
 #           title: Evidence missing
@@ -336,8 +339,9 @@ _failed contains "limits" if {
 
 _call_facts["limits"] := {"over": sort(_over_limits)}
 
-# evidence_missing: one reason per required name the call does not bring; a
-# contract whose requires is not a list is itself missing evidence.
+# evidence_missing: one reason per required name the call does not bring, unexpired
+# and about what the contract's requires_about says (execute.rego: what brings it);
+# a contract whose requires is not a list is itself missing evidence.
 
 _failed contains "evidence" if {
 	requires := object.get(_contract, "requires", null)
@@ -346,11 +350,12 @@ _failed contains "evidence" if {
 
 _failed contains "evidence" if {
 	some required in _contract.requires
-	not required in _evidence
+	not _is_evidence_brought(required)
 }
 
 _call_facts["evidence"] := {
 	"required": object.get(_contract, "requires", null),
+	"about": _requires_about,
 	"missing": sort(_missing_evidence),
 }
 

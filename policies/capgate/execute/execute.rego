@@ -272,17 +272,79 @@ _rfc3339_date_time := concat("", [
 	`([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`,
 ])
 
-# The evidence the call brings, and the required names it lacks.
+# The evidence the call brings, and the required names it lacks. input.evidence
+# holds the names of the pieces that never expire, input.evidence_about every piece
+# with its subject and expiry (null: never).
 _evidence contains name if {
 	is_array(input.evidence)
 	some name in input.evidence
 }
 
+_evidence_about contains piece if {
+	is_array(input.evidence_about)
+	some piece in input.evidence_about
+	is_object(piece)
+}
+
 _missing_evidence contains required if {
 	is_array(_contract.requires)
 	some required in _contract.requires
-	not required in _evidence
+	not _is_evidence_brought(required)
 }
+
+# What each required name must be about, by name ({"about": "subject"} or
+# {"about": <value>, "type": <its evidence's type>}); a name absent is about anything.
+default _requires_about := {}
+
+_requires_about := _contract.requires_about if is_object(_contract.requires_about)
+
+# Evidence about anything: a name that never expires, or any unexpired piece of it.
+_is_evidence_brought(name) if {
+	not _requires_about[name]
+	name in _evidence
+}
+
+_is_evidence_brought(name) if {
+	not _requires_about[name]
+	some piece in _evidence_about
+	piece.name == name
+	_is_piece_unexpired(piece.expires_at)
+}
+
+# Evidence about something: an unexpired piece of that name about exactly the call's
+# subject, or about exactly the call's value (a string) as its evidence's type. A
+# binding the call cannot fill (no subject, a null or absent value, a malformed
+# binding) has no target, so nothing brings it.
+_is_evidence_brought(name) if {
+	target := _evidence_target[name]
+	some piece in _evidence_about
+	piece.name == name
+	piece.subject == target
+	_is_piece_unexpired(piece.expires_at)
+}
+
+_evidence_target[name] := {"type": subject.type, "id": subject.id} if {
+	some name, binding in _requires_about
+	binding.about == "subject"
+	subject := input.call.subject
+	is_string(subject.type)
+	is_string(subject.id)
+}
+
+_evidence_target[name] := {"type": binding.type, "id": value} if {
+	some name, binding in _requires_about
+	is_string(binding.about)
+	binding.about != "subject"
+	is_string(binding.type)
+	value := input.call.values[binding.about]
+	is_string(value)
+	value != ""
+}
+
+# A piece's expiry: null never expires, anything else as an approval's expiry.
+_is_piece_unexpired(null)
+
+_is_piece_unexpired(expires_at) if _is_unexpired(expires_at)
 
 # Some linked resource, with a string type and id, is the call's subject, of the
 # contract's subject_type.

@@ -25,7 +25,7 @@ from typing import Any, Final
 from capgate.cli.commands.diff.matrix import Matrix, Scenario
 from capgate.cli.commands.diff.sides import Side
 from capgate.gateway.digest import digest_of
-from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.contracts import ABOUT_SUBJECT, ToolContract
 from capgate.gateway.model.facts import ExecuteInput
 
 __all__ = ["CALL_VARIANTS", "Ask", "call_input", "calls_to_ask"]
@@ -51,6 +51,7 @@ CALL_VARIANTS: Final = (
 
 _SUBJECT_ID: Final = "capgate-diff-subject"
 _OPERATION: Final = "capgate-diff-operation"
+_VALUE: Final = "capgate-diff-value"
 _DIGEST: Final = digest_of(b"{}")
 
 
@@ -99,6 +100,19 @@ def call_input(
             "used": wrong == "approval used",
         }
     cost = contract.cost_units
+    # Evidence about the call's subject or a value of it: the complete call brings a
+    # piece about exactly that.
+    values: dict[str, Any] = {}
+    pieces = []
+    for required in contract.requires:
+        if required.about is None:
+            continue
+        if required.about == ABOUT_SUBJECT:
+            about = {"type": contract.subject_type, "id": _SUBJECT_ID}
+        else:
+            values[required.about] = _VALUE
+            about = {"type": contract.evidence_kind(required.about), "id": _VALUE}
+        pieces.append({"name": required.name, "subject": about})
     call = ExecuteInput.model_validate(
         {
             **facts,
@@ -107,6 +121,7 @@ def call_input(
                 "version": contract.version + (1 if wrong == "other version" else 0),
                 "operation_id": _OPERATION,
                 "subject": subject,
+                "values": values,
                 "params_digest": _DIGEST,
             },
             "stage": "dispatch" if reviewed and wrong != "called without review" else "call",
@@ -117,7 +132,8 @@ def call_input(
             }
             if reviewed
             else None,
-            "evidence": [] if wrong == "evidence missing" else list(contract.requires),
+            "evidence": [] if wrong == "evidence missing" else contract.required_names,
+            "evidence_about": [] if wrong == "evidence missing" else pieces,
             "budget": {"remaining": cost - 1 if wrong == "budget short" else None, "cost": cost},
             "operation": {"status": "none"},
         }
