@@ -34,8 +34,8 @@ __all__ = [
     "Unevaluable",
     "checked_approval",
     "checked_evidence",
-    "checked_pieces",
     "checked_facts",
+    "checked_pieces",
     "dumped_facts",
     "schema_problem",
     "subject_of",
@@ -123,8 +123,7 @@ def checked_pieces(pieces: object) -> list[dict[str, Any]]:
     for position, piece in enumerate(listed):
         if not isinstance(piece, EvidencePiece):
             raise InvalidInput(
-                f"evidence_about[{position}] must be an EvidencePiece, not a "
-                f"{type(piece).__name__}"
+                f"evidence_about[{position}] must be an EvidencePiece, not a {type(piece).__name__}"
             )
         dumped.append(piece.model_dump(warnings=False))
     return dumped
@@ -229,7 +228,9 @@ def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, An
             local, at, domain = str(raw).rpartition("@")
             if not at or not local or not domain:
                 raise InvalidInput(f"{where} must be an email address (name@domain)")
-            raw = domain.lower() if spec.derive is Derivation.EMAIL_DOMAIN else email_digest(str(raw))
+            raw = (
+                domain.lower() if spec.derive is Derivation.EMAIL_DOMAIN else email_digest(str(raw))
+            )
         if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
             raise InvalidInput(f"{where} must be at most {MAX_VALUE_CHARS} characters")
         if isinstance(raw, int | float) and not isinstance(raw, bool):

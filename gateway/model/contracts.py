@@ -451,33 +451,35 @@ class ToolContract(_Spec):
     def _check_evidence(self) -> None:
         """Each piece of evidence named once, about the subject only if there is one,
         and about a value only if it is a declared string value."""
-        for field, entries in (("produces", self.produces), ("requires", self.requires)):
-            seen: set[str] = set()
-            for position, entry in enumerate(entries):
-                where = f"{field}[{position}]"
-                if entry.name in seen:
-                    raise ValueError(f"{where}: evidence {quote(entry.name)} is listed twice")
-                seen.add(entry.name)
-                if entry.about is None:
-                    continue
-                if entry.about == ABOUT_SUBJECT:
-                    if self.subject_type is None:
-                        raise ValueError(
-                            f"{where}.about: tool {quote(self.name)} has no subject "
-                            "(subject_type)"
-                        )
-                    continue
-                spec = self.values.get(entry.about)
-                if spec is None:
+        entries: list[tuple[str, int, ProducedEvidence | RequiredEvidence]] = [
+            ("produces", position, entry) for position, entry in enumerate(self.produces)
+        ]
+        entries += [("requires", position, entry) for position, entry in enumerate(self.requires)]
+        seen: set[tuple[str, str]] = set()
+        for field, position, entry in entries:
+            where = f"{field}[{position}]"
+            if (field, entry.name) in seen:
+                raise ValueError(f"{where}: evidence {quote(entry.name)} is listed twice")
+            seen.add((field, entry.name))
+            if entry.about is None:
+                continue
+            if entry.about == ABOUT_SUBJECT:
+                if self.subject_type is None:
                     raise ValueError(
-                        f"{where}.about: {quote(entry.about)} is neither 'subject' nor one "
-                        "of the values (declare it under values)"
+                        f"{where}.about: tool {quote(self.name)} has no subject (subject_type)"
                     )
-                if spec.type is not ValueType.STRING:
-                    raise ValueError(
-                        f"{where}.about: value {quote(entry.about)} is a {spec.type.value}; "
-                        "evidence is about a string value"
-                    )
+                continue
+            spec = self.values.get(entry.about)
+            if spec is None:
+                raise ValueError(
+                    f"{where}.about: {quote(entry.about)} is neither 'subject' nor one "
+                    "of the values (declare it under values)"
+                )
+            if spec.type is not ValueType.STRING:
+                raise ValueError(
+                    f"{where}.about: value {quote(entry.about)} is a {spec.type.value}; "
+                    "evidence is about a string value"
+                )
 
     def evidence_kind(self, about: str | None) -> str | None:
         """The type of the subject of evidence about ``about`` in a call of this tool:

@@ -648,7 +648,7 @@ operation_ids = st.one_of(
 def evidence_lists(draw: st.DrawFn, contract: ToolContract) -> Any:
     choice = draw(st.integers(0, 9))
     if choice <= 4:
-        return list(contract.requires)
+        return contract.required_names
     if choice == 5:
         return draw(
             st.lists(st.sampled_from(contract.requires or ["x"]) | secret_names, max_size=4)
@@ -708,7 +708,7 @@ def _call_case(
     approval = approval_for(contract, params, operation_id, tenant, draw(secret_names))
     options: dict[str, Any] = {
         "operation_id": operation_id,
-        "evidence": list(contract.requires),
+        "evidence": contract.required_names,
         **store_facts(contract),
     }
     if approval is not None:

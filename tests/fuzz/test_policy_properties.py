@@ -287,7 +287,7 @@ def calls(draw: st.DrawFn, contract: ToolContract, facts: ComposeInput) -> Execu
         approval["used"] = True
     elif approval is not None and shape == "other tool":
         approval["tool"] = "tool-elsewhere"
-    evidence = draw(st.sampled_from([list(contract.requires), list(EVIDENCE), []]))
+    evidence = draw(st.sampled_from([contract.required_names, list(EVIDENCE), []]))
     subject = draw(st.sampled_from([SUBJECT, {"type": "contact", "id": "c-unlinked"}, None]))
     if contract.subject_type is not None and draw(st.booleans()):
         subject = SUBJECT

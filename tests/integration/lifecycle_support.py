@@ -46,8 +46,9 @@ import yaml
 from capgate.adapters.tools.in_process import InProcessTools, current_call
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
+from capgate.gateway.digest import email_digest
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import ConnectionStatus, Principal, Reviewer
+from capgate.gateway.model.facts import ConnectionStatus, EvidenceSubject, Principal, Reviewer
 from capgate.gateway.model.outcomes import ToolUnknown
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.policy.client import PolicyClient
@@ -56,7 +57,7 @@ from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import OperationRecord, ProposalRecord
-from capgate.gateway.state.store import Store
+from capgate.gateway.state.store import Store, Tx
 from capgate.gateway.tools.contract import Adapter
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import INNER_HANG_SECONDS
@@ -171,6 +172,23 @@ def operation_of(store: Store, operation_id: str) -> OperationRecord | None:
 def evidence_of(store: Store, task_id: str) -> set[str]:
     with store.transaction(read_only=True) as tx:
         return tx.evidence(TENANT, task_id)
+
+
+def recipient(address: str = "ada@example.test") -> EvidenceSubject:
+    """What ``verified_recipient`` is about: the digest of the address verified."""
+    return EvidenceSubject(type="email_digest", id=email_digest(address))
+
+
+def record_quote_evidence(
+    tx: Tx, task_id: str, *, source: str, address: str = "ada@example.test"
+) -> None:
+    """The evidence quote.prepare_send requires, as its producing calls record it:
+    the recipient verified (about its address), its consent and a quote revision."""
+    tx.record_evidence(
+        TENANT, task_id, "verified_recipient", source=source, subject=recipient(address)
+    )
+    tx.record_evidence(TENANT, task_id, "communication_permission", source=source)
+    tx.record_evidence(TENANT, task_id, "current_quote_revision", source=source)
 
 
 def kinds(store: Store, **filters: Any) -> list[tuple[str, str | None]]:

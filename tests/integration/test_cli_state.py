@@ -41,6 +41,7 @@ from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import HANG_SECONDS
+from tests.integration.lifecycle_support import record_quote_evidence
 
 pytestmark = pytest.mark.integration
 
@@ -181,8 +182,7 @@ def world(seeded: str, sales_catalogue: Catalogue, sales_sidecar: PolicySidecar)
     desk = SalesDesk()
     store = open_store(seeded)
     with store.transaction() as tx:  # what the task's earlier calls would have recorded
-        for name in ("current_quote_revision", "verified_recipient", "communication_permission"):
-            tx.record_evidence("acme", "task-quote-17", name, source="test")
+        record_quote_evidence(tx, "task-quote-17", source="test")
     gateway = Gateway(
         sales_catalogue,
         sales_sidecar.client,

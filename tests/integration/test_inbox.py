@@ -194,7 +194,7 @@ def test_a_reviewer_approves_in_the_browser_and_the_worker_sends_it_once(served)
         verified, consent, email = agent(
             server,
             [
-                ("contact.verify_email", {"contact_id": "c-42"}),
+                ("contact.verify_email", {"contact_id": "c-42", "email": EMAIL["recipient"]}),
                 ("consent.check", {"contact_id": "c-42"}),
                 ("quote.prepare_send", EMAIL),
             ],

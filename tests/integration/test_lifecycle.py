@@ -121,7 +121,7 @@ def gather_evidence(
     """The evidence quote.prepare_send requires, produced the way an agent would:
     a verified recipient, their consent, and a dispatched quote."""
     session = AgentSession(gateway, request)
-    session.call_tool("contact.verify_email", contact_id="c-42")
+    session.call_tool("contact.verify_email", contact_id="c-42", email=EMAIL["recipient"])
     session.call_tool("consent.check", contact_id="c-42")
     quote = session.call_tool("quote.propose", **QUOTE)
     assert quote["status"] == "pending_review"
@@ -351,10 +351,11 @@ def test_content_altered_in_the_database_after_approval_is_denied(
     assert proposal_of(store, proposal.id).params["recipient"] == "mallory@evil.test"
 
     denial = denied(lambda: gateway.dispatch(proposal.id))
-    assert denial.reason_codes == ["approval_mismatch"]
+    # The approval does not match, and nobody verified the new recipient either.
+    assert denial.reason_codes == ["approval_mismatch", "evidence_missing"]
     assert desk.mailbox == {}
     assert sent_emails(desk) == 0
-    assert_blocked(store, proposal.id, "approval_mismatch")
+    assert_blocked(store, proposal.id, "approval_mismatch", "evidence_missing")
     assert operation_of(store, proposal.operation_id) is None
     assert_approval_unused(store, proposal.id)
     assert kinds(store, proposal_id=proposal.id)[-2:] == [
@@ -906,7 +907,7 @@ def test_a_secret_reaches_the_adapter_at_dispatch_only_and_is_written_nowhere(
         errors.append(exc)
     session = AgentSession(gateway, SALES_REQUEST)
     try:
-        session.call_tool("contact.verify_email", contact_id="c-77")
+        session.call_tool("contact.verify_email", contact_id="c-77", email="cb@example.test")
     except ToolFailed as exc:
         errors.append(exc)
         outcomes.append(exc.outcome)
@@ -1008,13 +1009,17 @@ def test_evidence_comes_from_successful_producing_calls_only(
     assert set(denial.reason_codes) == {"evidence_missing"}
     assert len(denial.reasons) == 3
     # A refused producing call records nothing.
-    for tool in ("contact.verify_email", "consent.check"):
+    for tool, params in (
+        ("contact.verify_email", {"contact_id": "c-77", "email": "cb@example.test"}),
+        ("contact.verify_email", {"contact_id": "c-42", "email": "cb@example.test"}),
+        ("consent.check", {"contact_id": "c-77"}),
+    ):
         with pytest.raises(ToolFailed) as failed:
-            session.call_tool(tool, contact_id="c-77")
+            session.call_tool(tool, **params)
         assert failed.value.outcome.status is OutcomeStatus.REFUSED
     assert evidence_of(store, SALES_REQUEST.task_id) == set()
     # Successful ones do, for this task only.
-    session.call_tool("contact.verify_email", contact_id="c-42")
+    session.call_tool("contact.verify_email", contact_id="c-42", email=EMAIL["recipient"])
     session.call_tool("consent.check", contact_id="c-42")
     assert evidence_of(store, SALES_REQUEST.task_id) == {
         "verified_recipient",

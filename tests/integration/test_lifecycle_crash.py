@@ -141,7 +141,7 @@ def _run_child(spec: dict[str, Any]) -> None:
 
 def _reviewed_email(gateway: Gateway) -> ProposalRecord:
     session = AgentSession(gateway, SALES_REQUEST)
-    session.call_tool("contact.verify_email", contact_id="c-42")
+    session.call_tool("contact.verify_email", contact_id="c-42", email="ada@example.test")
     session.call_tool("consent.check", contact_id="c-42")
     quote = session.call_tool("quote.propose", **QUOTE)["proposal_id"]
     gateway.review(quote, MANAGER, "approved")

@@ -208,7 +208,9 @@ def test_calls_go_through_the_gateway_and_come_back_as_tool_results(
             }
             assert "Traceback" not in denied.content[0].text  # type: ignore[union-attr]
 
-            refused = await client.call_tool("contact.verify_email", {"contact_id": "c-77"})
+            refused = await client.call_tool(
+                "contact.verify_email", {"contact_id": "c-77", "email": "cb@example.test"}
+            )
             assert refused.is_error is True
             assert refused.structured_content is None
             refusal = (refused.meta or {})["capgate/outcome"]

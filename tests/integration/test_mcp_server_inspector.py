@@ -224,7 +224,7 @@ KINDS: Final = {
     "allow": ("contact.read", ["contact_id=c-42"]),
     "deny": ("contact.read", ["contact_id=c-99"]),
     "invalid input": ("contact.read", ["contact_id=42"]),  # the CLI sends 42, a number
-    "refused": ("contact.verify_email", ["contact_id=c-77"]),
+    "refused": ("contact.verify_email", ["contact_id=c-77", "email=cb@example.test"]),
     "retryable": ("contact.read", ["contact_id=c-busy"]),
     "unknown": ("contact.read", ["contact_id=c-lost"]),
     "proposed": ("quote.propose", ["opportunity_id=opp-17", "amount_cents=1200", "currency=EUR"]),

@@ -42,25 +42,22 @@ from tests.integration.lifecycle_support import (
     QUOTE_TASK,
     SALES,
     SECRETS,
-    TENANT,
     FileProvider,
     agent_request,
+    record_quote_evidence,
 )
 
 EFFECTS_ENV: Final = "CAPGATE_TEST_EFFECTS"
 HOLD_ENV: Final = "CAPGATE_TEST_HOLD"
 #: Bounds a hang only: every wait is for a condition (the suite's one hang bound).
 HANG: Final = HANG_SECONDS
-#: The evidence ``quote.prepare_send`` requires of its task.
-EVIDENCE: Final = ("current_quote_revision", "verified_recipient", "communication_permission")
 SALES_REQUEST: Final = agent_request(SALES, QUOTE_TASK)
 
 
 def emails(gateway: Gateway, count: int, *, tag: str = "mail") -> list[ProposalRecord]:
     """``count`` pending email proposals, each with its own subject (so its own digest)."""
     with gateway.store.transaction() as tx:
-        for name in EVIDENCE:
-            tx.record_evidence(TENANT, QUOTE_TASK["id"], name, source="test:setup")
+        record_quote_evidence(tx, QUOTE_TASK["id"], source="test:setup")
     proposals = []
     for n in range(count):
         made = gateway.call(

@@ -21,6 +21,8 @@ from capgate.gateway.model.contracts import (
     Catalogue,
     CostClass,
     Mode,
+    ProducedEvidence,
+    RequiredEvidence,
     RoleSpec,
     TaskTypeSpec,
     ToolContract,
@@ -104,7 +106,9 @@ def test_public_surface_is_pinned() -> None:
         "Idempotency",
         "LimitSpec",
         "Mode",
+        "ProducedEvidence",
         "QuorumRule",
+        "RequiredEvidence",
         "RoleSpec",
         "TaskTypeSpec",
         "ToolContract",
@@ -169,18 +173,25 @@ def test_sales_loads() -> None:
     assert send.execution_action == "quote.dispatch_reviewed"
     assert send.dispatch_action == "quote.dispatch_reviewed"
     assert send.requires == [
-        "current_quote_revision",
-        "verified_recipient",
-        "communication_permission",
+        RequiredEvidence(name="current_quote_revision"),
+        RequiredEvidence(name="verified_recipient", about="recipient_digest"),
+        RequiredEvidence(name="communication_permission"),
     ]
     assert send.needs_review
     assert send.reviewers == ["sales_manager"]
     assert send.receipt_field == "message_id"
     # Every evidence a tool requires is produced by some tool of the catalogue.
-    assert cat.tool("contact.verify_email").produces == ["verified_recipient"]
-    assert cat.tool("consent.check").produces == ["communication_permission"]
-    assert cat.tool("quote.propose").produces == ["current_quote_revision"]
-    assert cat.tool("invoice.check_approval").produces == ["invoice_approved"]
+    # verified_recipient is about the address verified, for a day; the others are
+    # about the call's subject (the default) and never expire.
+    assert cat.tool("contact.verify_email").produces == [
+        ProducedEvidence(name="verified_recipient", about="address_digest", ttl_seconds=86400)
+    ]
+    assert cat.tool("consent.check").produces == [ProducedEvidence(name="communication_permission")]
+    assert cat.tool("quote.propose").produced_names == ["current_quote_revision"]
+    assert cat.tool("invoice.check_approval").produced_names == ["invoice_approved"]
+    assert cat.tool("payment.execute").requires == [
+        RequiredEvidence(name="invoice_approved", about="subject")
+    ]
     # The payment writes directly, but only after a controller reviewed it.
     payment = cat.tool("payment.execute")
     assert payment.mode is Mode.WRITE
@@ -240,6 +251,9 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "connection_alias": "sales_mailbox",
         "subject_type": "opportunity",
         "requires": ["current_quote_revision", "verified_recipient", "communication_permission"],
+        "requires_about": {
+            "verified_recipient": {"about": "recipient_digest", "type": "email_digest"}
+        },
         "approval": "exact_content_and_recipient",
         "execution_action": "quote.dispatch_reviewed",
         "recovery": "reconcile_provider_receipt",
@@ -249,7 +263,7 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "environments": {"development": True, "staging": True, "production": True},
         "produces": [],
         "reviewers": {"sales_manager": True},
-        "values": {"recipient_domain": {"type": "string"}},
+        "values": {"recipient_digest": {"type": "string"}, "recipient_domain": {"type": "string"}},
         "limits": [],
         "cost_value": None,
         "quorum": [],
@@ -260,6 +274,9 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
     assert document["tools"]["contact.read"]["execution_action"] is None
     assert document["tools"]["contact.read"]["reviewers"] == {}
     assert document["tools"]["contact.verify_email"]["produces"] == ["verified_recipient"]
+    assert document["tools"]["payment.execute"]["requires_about"] == {
+        "invoice_approved": {"about": "subject", "type": "invoice"}
+    }
     # cost: the contract's own, else its cost class's default units.
     assert {name: tool["cost"] for name, tool in document["tools"].items()} == {
         "contact.read": 0,
@@ -520,7 +537,7 @@ def test_nested_field_path(sales_dir: Path) -> None:
     entry["requires"] = ["consent", "not a name"]
     write(sales_dir, "tools.yaml", data)
     assert only_problem(sales_dir).startswith(
-        "tools.yaml: tool 'contact.read': field 'requires[1]': String should match pattern"
+        "tools.yaml: tool 'contact.read': field 'requires[1].name': String should match pattern"
     )
 
 

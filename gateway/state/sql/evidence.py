@@ -75,7 +75,9 @@ class EvidenceTx(TxCore):
                 "name": name,
                 "source": source,
                 "recorded_at": self.now,
-                "subject": subject.model_dump() if isinstance(subject, EvidenceSubject) else subject,
+                "subject": subject.model_dump()
+                if isinstance(subject, EvidenceSubject)
+                else subject,
                 "expires_at": expires_at,
             },
             "evidence",
@@ -120,8 +122,7 @@ class EvidenceTx(TxCore):
     def evidence_records(self, tenant: str, task_id: str) -> list[EvidenceRecord]:
         """Every piece of evidence recorded for the task, by name and subject."""
         rows = self._rows(
-            f"SELECT {_EVIDENCE_COLUMNS} FROM evidence WHERE tenant = :tenant AND "
-            "task_id = :task",
+            f"SELECT {_EVIDENCE_COLUMNS} FROM evidence WHERE tenant = :tenant AND task_id = :task",
             {"tenant": tenant, "task": task_id},
         )
         # Ordered here, not by the backends' collations: the same input on both.
