@@ -226,7 +226,14 @@ def test_cli_eval_execute_allow_from_real_opa_passes_the_dispatchers_checks(tmp_
         "stage": "dispatch",
         "proposal": {"id": "prop-9", "status": "approved"},
         "budget": {"remaining": None, "cost": 20},
-        "evidence": ["invoice_approved"],
+        # The invoice's approval is about the invoice paid (#21).
+        "evidence_about": [
+            {
+                "name": "invoice_approved",
+                "subject": {"type": "invoice", "id": "inv-9"},
+                "expires_at": None,
+            }
+        ],
     }
     path = tmp_path / "allowed.json"
     path.write_text(json.dumps(document), encoding="utf-8")

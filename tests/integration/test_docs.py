@@ -447,7 +447,7 @@ def test_execute_example_is_allowed_once_fixed(docs_catalogue: Catalogue, docs_o
     (block,) = [b for b in blocks_of("execute-input") if b.doc.name == "policy-interface.md"]
     facts = json.loads(block.text)
     facts["approval"]["expires_at"] = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    facts["evidence"] = docs_catalogue.tool(facts["call"]["tool"]).requires
+    facts["evidence"] = docs_catalogue.tool(facts["call"]["tool"]).required_names
     decision = docs_opa.client.execute(ExecuteInput.model_validate(facts))
     assert decision.allow, decision.reason_codes
     key = facts["call"]["operation_id"]

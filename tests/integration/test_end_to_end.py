@@ -36,6 +36,7 @@ from capgate.gateway.model.facts import (
     Budget,
     ComposeInput,
     ConnectionStatus,
+    EvidencePiece,
     Principal,
     ProposalRef,
     Reviewer,
@@ -98,6 +99,9 @@ def approval(params: dict[str, Any], *, minutes: float = 10, **changes: Any) -> 
     return Approval.model_validate(fields)
 
 
+INV_9_APPROVED = EvidencePiece(name="invoice_approved", subject={"type": "invoice", "id": "inv-9"})
+
+
 def dispatch_facts(**changes: Any) -> dict[str, Any]:
     """What the gateway sends when it dispatches the approved payment proposal."""
     kwargs: dict[str, Any] = {
@@ -106,7 +110,8 @@ def dispatch_facts(**changes: Any) -> dict[str, Any]:
         "approval": approval(PAYMENT),
         "proposal": ProposalRef(id="prop-1", status="approved"),
         "budget": Budget(remaining=None, cost=PAYMENT_COST),
-        "evidence": ["invoice_approved"],
+        # The invoice's approval as invoice.check_approval recorded it: about inv-9.
+        "evidence_about": [INV_9_APPROVED],
     }
     kwargs.update(changes)
     return kwargs
@@ -239,7 +244,36 @@ DENIALS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("overspent", {}, {"budget": Budget(remaining=-1, cost=PAYMENT_COST)}, "budget_exhausted"),
     ("cost understated", {}, {"budget": Budget(remaining=None, cost=1)}, "budget_exhausted"),
     ("no budget", {}, {"budget": None}, "budget_exhausted"),
-    ("no evidence", {}, {"evidence": []}, "evidence_missing"),
+    ("no evidence", {}, {"evidence_about": []}, "evidence_missing"),
+    # The name alone, as before evidence had subjects: about anything is not enough.
+    (
+        "evidence by name",
+        {},
+        {"evidence_about": [], "evidence": ["invoice_approved"]},
+        "evidence_missing",
+    ),
+    (
+        "evidence about another invoice",
+        {},
+        {
+            "evidence_about": [
+                EvidencePiece(name="invoice_approved", subject={"type": "invoice", "id": "inv-10"})
+            ]
+        },
+        "evidence_missing",
+    ),
+    (
+        "evidence expired",
+        {},
+        {
+            "evidence_about": [
+                INV_9_APPROVED.model_copy(
+                    update={"expires_at": datetime.now(UTC) - timedelta(seconds=1)}
+                )
+            ]
+        },
+        "evidence_missing",
+    ),
     (
         "out of scope",
         {
@@ -303,7 +337,7 @@ def test_proposing_checks_neither_approval_nor_budget_and_runs_nothing(dispatche
     prepared = dispatcher.prepare("payment.execute", PAYMENT)
     request = dispatcher.execute_input(
         facts(), prepared, operation_id="pay-inv-9", stage=Stage.PROPOSE,
-        evidence=["invoice_approved"],
+        evidence_about=[INV_9_APPROVED],
     )  # fmt: skip
     authorised = dispatcher.authorise(prepared, request)
     assert authorised.adapter is None
