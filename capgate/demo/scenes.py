@@ -43,7 +43,7 @@ from capgate.demo.tools.oracle import ORACLE_DESCRIPTION, oracle
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.enforce.dispatcher import DecisionEvent
-from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.errors import CapabilityViolation, InvalidInput
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ConnectionStatus, Reviewer
 from capgate.gateway.model.outcomes import OutcomeStatus
@@ -530,6 +530,23 @@ def _payment(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
         over is not None and list(over.reason_codes) == ["value_over_limit"],
         "7,500.00 is over finance's limit of 5,000.00 a payment: value_over_limit, "
         "nothing proposed",
+    )
+    pounds = {**_PAYMENT, "amount_cents": 450_000, "currency": "GBP"}
+    in_pounds = _denied(lambda: finance.call_tool("payment.execute", **pounds))
+    trace.expect(
+        in_pounds is not None
+        and list(in_pounds.reason_codes) == ["value_over_limit"]
+        and "526500" in in_pounds.reasons[0].message,
+        "4,500.00 GBP is 5,265.00 EUR by currencies.yaml's rate: over the limit too",
+    )
+    try:
+        finance.call_tool("payment.execute", **{**_PAYMENT, "currency": "XTS"})
+        unconvertible = None
+    except InvalidInput as exc:
+        unconvertible = exc
+    trace.expect(
+        unconvertible is not None and "no rate" in str(unconvertible),
+        "a payment in a currency currencies.yaml has no rate for is refused before OPA is asked",
     )
     proposal = finance.call_tool("payment.execute", **_PAYMENT)["proposal_id"]
     denial = _denied(lambda: gateway.review(proposal, _MANAGER, "approved"))

@@ -154,6 +154,11 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
         },
         "index": compile_index(catalogue),
     }
+    if catalogue.currencies is not None:
+        # The policies never read the rates (they read the converted values), but a
+        # decision depends on them: in the document, a change of rate is a change of
+        # digest, and every decision names the table it was converted by.
+        document["currencies"] = catalogue.currencies.model_dump(mode="json")
     document["meta"] = {
         "digest": catalogue_digest(document),
         "tool_count": len(catalogue.tools),

@@ -1,7 +1,8 @@
 """Load a YAML catalogue folder, whole or not at all.
 
 A catalogue is a directory of four files (``tools.yaml``, ``roles.yaml``,
-``task_types.yaml``, ``budget_classes.yaml``; see ``docs/catalogue.md``).
+``task_types.yaml``, ``budget_classes.yaml``; see ``docs/catalogue.md``), and a fifth
+when a contract converts amounts (``currencies.yaml``).
 :func:`load_catalogue` checks all of them and reports every problem in one
 :class:`~capgate.gateway.errors.CatalogueError`, each naming the file, the entry and the
 field, so one run shows everything to fix. It returns a whole catalogue or nothing.
@@ -24,13 +25,14 @@ from capgate.gateway.model.contracts import (
     BudgetClassSpec,
     Catalogue,
     CatalogueProblems,
+    CurrencyTable,
     RoleSpec,
     TaskTypeSpec,
     ToolContract,
 )
 from capgate.gateway.model.facts import Identifier
 
-__all__ = ["CATALOGUE_FILES", "load_catalogue"]
+__all__ = ["CATALOGUE_FILES", "OPTIONAL_FILES", "load_catalogue"]
 
 #: The files a catalogue directory must hold, each with its single top-level key.
 CATALOGUE_FILES: Mapping[str, str] = {
@@ -39,6 +41,10 @@ CATALOGUE_FILES: Mapping[str, str] = {
     "task_types.yaml": "task_types",
     "budget_classes.yaml": "budget_classes",
 }
+
+#: The files a catalogue directory may hold, each with its single top-level key:
+#: the currency table only the catalogues with ``derive: converted`` values need.
+OPTIONAL_FILES: Mapping[str, str] = {"currencies.yaml": "currencies"}
 
 _IDENTIFIER: TypeAdapter[str] = TypeAdapter(Identifier)
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -110,13 +116,15 @@ def _kind(value: object) -> str:
 
 
 def _read_section(directory: Path, filename: str, problems: list[str]) -> object | None:
-    """The value under the file's one top-level key, or ``None`` after a problem."""
-    key = CATALOGUE_FILES[filename]
+    """The value under the file's one top-level key, or ``None`` after a problem (or
+    when an optional file is absent)."""
+    key = CATALOGUE_FILES.get(filename) or OPTIONAL_FILES[filename]
     path = directory / filename
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        problems.append(f"{filename}: file not found in {directory}")
+        if filename not in OPTIONAL_FILES:
+            problems.append(f"{filename}: file not found in {directory}")
         return None
     except UnicodeDecodeError as exc:
         problems.append(f"{filename}: not UTF-8 text ({exc.reason} at byte {exc.start})")
@@ -322,7 +330,10 @@ def load_catalogue(directory: Path) -> Catalogue:
     if not directory.is_dir():
         raise CatalogueError([f"{directory}: catalogue directory not found"])
     problems: list[str] = []
-    sections = {file: _read_section(directory, file, problems) for file in CATALOGUE_FILES}
+    sections = {
+        file: _read_section(directory, file, problems)
+        for file in (*CATALOGUE_FILES, *OPTIONAL_FILES)
+    }
 
     roles, _, role_names = _load_named(
         "roles.yaml", "role", sections["roles.yaml"], RoleSpec, problems
@@ -339,11 +350,20 @@ def load_catalogue(directory: Path) -> Catalogue:
         BudgetClassSpec,
         problems,
     )
+    currencies = None
+    if sections["currencies.yaml"] is not None:
+        currencies = _validate(
+            CurrencyTable, sections["currencies.yaml"], "currencies.yaml: currencies", problems
+        )
     if problems:
         raise CatalogueError(problems)
     try:
         return Catalogue(
-            tools=tools, roles=roles, task_types=task_types, budget_classes=budget_classes
+            tools=tools,
+            roles=roles,
+            task_types=task_types,
+            budget_classes=budget_classes,
+            currencies=currencies,
         )
     except ValidationError as exc:
         # The cross-file checks (reviewers, evidence, execution actions) live on the

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Final
 
 from jsonschema.protocols import Validator
@@ -22,8 +23,10 @@ from capgate.gateway.digest import email_digest
 from capgate.gateway.errors import InvalidInput, cut, quote
 from capgate.gateway.model.contracts import (
     MAX_VALUE_MAGNITUDE,
+    CurrencyTable,
     Derivation,
     ToolContract,
+    ValueSpec,
     ValueType,
 )
 from capgate.gateway.model.facts import Approval, ComposeInput, EvidencePiece
@@ -204,7 +207,11 @@ def subject_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, s
     return {"type": contract.subject_type, "id": value}
 
 
-def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, Any]:
+def values_of(
+    contract: ToolContract,
+    params: Mapping[str, Any],
+    currencies: CurrencyTable | None = None,
+) -> dict[str, Any]:
     """The values the contract declares (``values:``), read and derived from the
     parameters (already validated against the input schema), for ``input.call.values``.
 
@@ -224,7 +231,9 @@ def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, An
             raise InvalidInput(f"{where} must be of type {spec.type.value}")
         if spec.type is ValueType.INTEGER and isinstance(raw, float):
             raw = int(raw)  # 5.0 is the integer 5, as in JSON Schema
-        if spec.derive is not None:  # both derivations read an email address
+        if spec.derive is Derivation.CONVERTED:
+            raw = _converted(raw, spec, params, currencies, where)
+        elif spec.derive is not None:  # both other derivations read an email address
             local, at, domain = str(raw).rpartition("@")
             if not at or not local or not domain:
                 raise InvalidInput(f"{where} must be an email address (name@domain)")
@@ -240,6 +249,33 @@ def values_of(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, An
                 raise InvalidInput(f"{where} is the call's cost and must not be negative")
         values[name] = raw
     return values
+
+
+def _converted(
+    amount: int | float,
+    spec: ValueSpec,
+    params: Mapping[str, Any],
+    currencies: CurrencyTable | None,
+    where: str,
+) -> int | float:
+    """``amount`` in the base currency, by the table's rate for the currency the
+    call names. Decimal arithmetic on the numbers as written, so that 0.1 of a rate
+    is a tenth, and an integer value is rounded half to even (as accountants round)
+    back to an integer. An unknown or absent currency is refused: a limit cannot be
+    compared with an amount of unknown worth."""
+    currency = params.get(spec.currency or "")
+    rate = (
+        currencies.rate(currency) if currencies is not None and isinstance(currency, str) else None
+    )
+    if rate is None:  # the code itself is the caller's text, not repeated
+        raise InvalidInput(
+            f"{where}: the currency its parameter {quote(spec.currency or '')} names has no "
+            "rate in the catalogue's currency table"
+        )
+    product = Decimal(str(amount)) * Decimal(str(rate))
+    if spec.type is ValueType.INTEGER:
+        return int(product.to_integral_value(rounding=ROUND_HALF_EVEN))
+    return float(product)
 
 
 def _is_type(value: Any, kind: ValueType) -> bool:

@@ -259,7 +259,7 @@ class Dispatcher:
         if contract is not None:
             validate_params(contract, self._schemas_for(contract).input, authorised)
             subject = subject_of(contract, authorised)
-            values = values_of(contract, authorised)
+            values = values_of(contract, authorised, self.catalogue.currencies)
         return Prepared(
             tool, contract, canonical, digest_of(canonical), subject, MappingProxyType(values)
         )

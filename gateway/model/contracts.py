@@ -40,6 +40,7 @@ __all__ = [
     "BudgetClassSpec",
     "Catalogue",
     "CostClass",
+    "CurrencyTable",
     "Derivation",
     "Idempotency",
     "LimitSpec",
@@ -226,6 +227,11 @@ class Derivation(StrEnum):
     #: bound to one recipient without the address itself being stored or sent to OPA
     #: (:func:`capgate.gateway.digest.email_digest`).
     EMAIL_DIGEST = "email_digest"
+    #: ``converted``: a numeric parameter (an amount) converted into the catalogue's
+    #: base currency by its currency table (``currencies.yaml``), from the currency
+    #: that the value's ``currency:`` parameter names, so that a limit or a quorum
+    #: threshold compares one unit whatever currency a call is in.
+    CONVERTED = "converted"
 
 
 #: The value types a limit or a quorum's threshold compares.
@@ -249,10 +255,22 @@ class ValueSpec(_Spec):
     param: Identifier
     type: ValueType
     derive: Derivation | None = None
+    #: For ``derive: converted``, the parameter naming the amount's currency (a code
+    #: of the catalogue's currency table); no other derivation takes one.
+    currency: Identifier | None = None
 
     @model_validator(mode="after")
     def _derivation_fits(self) -> ValueSpec:
-        if self.derive is not None and self.type is not ValueType.STRING:
+        if self.derive is Derivation.CONVERTED:
+            if self.type not in _NUMERIC:
+                raise ValueError("derive: converted gives a number (type: integer or number)")
+            if self.currency is None:
+                raise ValueError(
+                    "derive: converted needs currency: the parameter naming the currency"
+                )
+        elif self.currency is not None:
+            raise ValueError("currency: goes only with derive: converted")
+        elif self.derive is not None and self.type is not ValueType.STRING:
             raise ValueError(f"derive: {self.derive.value} gives a string (type: string)")
         return self
 
@@ -340,6 +358,38 @@ class QuorumRule(_Spec):
         if (self.value is None) != (self.above is None):
             raise ValueError("value and above go together (or neither, for every call)")
         return self
+
+
+#: A currency code as ISO 4217 writes them: three capital letters.
+CurrencyCode = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+
+#: A conversion rate: how many units of the base currency one unit is worth.
+Rate = Annotated[StrictInt | StrictFloat, Field(gt=0, le=1_000_000)]
+
+
+class CurrencyTable(_Spec):
+    """The rates a ``derive: converted`` value is converted by (``currencies.yaml``).
+
+    ``base`` is the currency limits and quorum thresholds are written in; ``rates``
+    says what one unit of each other currency is worth in it. The rate multiplies the
+    number as the call gives it, so amounts in minor units (cents) stay in minor
+    units; a currency whose minor unit differs (yen have none) takes a rate that
+    says so. A currency the table does not name is refused before OPA is asked:
+    an amount that cannot be converted cannot be compared with a limit.
+    """
+
+    base: CurrencyCode
+    rates: dict[CurrencyCode, Rate] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _base_is_one(self) -> CurrencyTable:
+        if self.base in self.rates and self.rates[self.base] != 1:
+            raise ValueError(f"rates[{self.base!r}]: the base currency's rate is 1")
+        return self
+
+    def rate(self, currency: str) -> int | float | None:
+        """What one unit of ``currency`` is worth in the base; None if unknown."""
+        return 1 if currency == self.base else self.rates.get(currency)
 
 
 class ToolContract(_Spec):
@@ -512,11 +562,12 @@ class ToolContract(_Spec):
         value on a declared value of the right type."""
         properties = self.input_schema.get("properties")
         for name, declared in self.values.items():
-            if isinstance(properties, dict) and declared.param not in properties:
-                raise ValueError(
-                    f"values[{quote(name)}]: parameter {quote(declared.param)} is not in the "
-                    "input schema's properties"
-                )
+            for field, param in (("param", declared.param), ("currency", declared.currency)):
+                if isinstance(properties, dict) and param is not None and param not in properties:
+                    raise ValueError(
+                        f"values[{quote(name)}].{field}: parameter {quote(param)} is not in "
+                        "the input schema's properties"
+                    )
         for position, limit in enumerate(self.limits):
             spec = self.values.get(limit.value)
             if spec is None:
@@ -640,6 +691,8 @@ class Catalogue(_Spec):
     roles: dict[Identifier, RoleSpec]
     task_types: dict[Identifier, TaskTypeSpec]
     budget_classes: dict[Identifier, BudgetClassSpec]
+    #: The currency table of ``derive: converted`` values; None when none is needed.
+    currencies: CurrencyTable | None = None
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Catalogue:
@@ -661,7 +714,7 @@ class Catalogue(_Spec):
             if tool not in self.tools
         ]
         problems += self._review_problems() + self._evidence_problems()
-        problems += self._upstream_problems()
+        problems += self._upstream_problems() + self._currency_problems()
         if problems:
             raise CatalogueProblems(problems)
         return self
@@ -715,6 +768,19 @@ class Catalogue(_Spec):
                         f"{quote(kind)} (what requires[{position}].about is)"
                     )
         return problems
+
+    def _currency_problems(self) -> list[str]:
+        # A converted value without a table could never be computed: every call of
+        # its tool would be refused. Said at load instead.
+        if self.currencies is not None:
+            return []
+        return [
+            f"tool {quote(tool.name)}: field 'values.{name}': derive: converted needs the "
+            "catalogue's currency table (currencies.yaml)"
+            for tool in self.tools.values()
+            for name, spec in sorted(tool.values.items())
+            if spec.derive is Derivation.CONVERTED
+        ]
 
     def _upstream_problems(self) -> list[str]:
         # One contract per upstream tool: acceptance maps an upstream definition to

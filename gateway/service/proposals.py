@@ -243,7 +243,11 @@ class Proposals:
                     "status": proposal.status.value,
                     "proposer": proposal.proposer,
                     # What a quorum may depend on, read as the dispatch will read it.
-                    "values": values_of(contract, proposal.params) if contract else {},
+                    "values": (
+                        values_of(contract, proposal.params, self.catalogue.currencies)
+                        if contract
+                        else {}
+                    ),
                 },
                 "verdict": verdict.value,
             }

@@ -27,7 +27,7 @@ from capgate.gateway.errors import (
     InvalidInput,
     UnknownOperation,
 )
-from capgate.gateway.model.contracts import Catalogue, Idempotency, ToolContract
+from capgate.gateway.model.contracts import Catalogue, CurrencyTable, Idempotency, ToolContract
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.credentials import CredentialResolver
 from capgate.gateway.service.operations import has_lookup
@@ -239,7 +239,9 @@ class Recovery:
                 current.task_id,
                 operation_id,
                 outcome,
-                _proposed_about(contract, proposal.params) if proposal is not None else None,
+                _proposed_about(contract, proposal.params, self.catalogue.currencies)
+                if proposal is not None
+                else None,
             )
             tx.append(
                 LedgerEntry(
@@ -358,11 +360,13 @@ def read_operation(store: Store, tenant: str, operation_id: str) -> OperationRec
         return tx.get_operation(tenant, operation_id)
 
 
-def _proposed_about(contract: ToolContract, params: Mapping[str, Any]) -> dict[str, Any] | None:
+def _proposed_about(
+    contract: ToolContract, params: Mapping[str, Any], currencies: CurrencyTable | None
+) -> dict[str, Any] | None:
     """What a proposal's call was about (its subject and values), read from its frozen
     parameters as the dispatch read them; None if they no longer fit the contract (the
     evidence is then about nothing, which grants no more than not knowing)."""
     try:
-        return call_about(subject_of(contract, params), values_of(contract, params))
+        return call_about(subject_of(contract, params), values_of(contract, params, currencies))
     except InvalidInput:
         return None

@@ -6,7 +6,10 @@ a payment over it is denied with ``value_over_limit`` before anything is propose
 and at the limit it is proposed as before (the roles a limit is for, and the other
 cases, are the Rego tests' in execute_values_test.rego). A budget can count an
 amount instead of a fixed cost (``cost_value``): the reservation is the amount, and
-a payment larger than what is left is refused.
+a payment larger than what is left is refused. The limit and the quorum threshold
+are on the amount converted into euros by the catalogue's currencies.yaml
+(``derive: converted``), so they hold in every currency the table names, and a
+payment in any other currency is refused before OPA is asked.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import yaml
 
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
-from capgate.gateway.errors import CapabilityViolation
+from capgate.gateway.errors import CapabilityViolation, InvalidInput
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
@@ -51,10 +54,12 @@ gateway = lifecycle_fixtures.gateway
 FINANCE_REQUEST = agent_request(FINANCE, PAY_TASK)
 
 
-def pay(gateway: Any, amount_cents: int) -> Any:
+def pay(gateway: Any, amount_cents: int, currency: str = "EUR") -> Any:
     gateway.call(FINANCE_REQUEST, "invoice.check_approval", {"invoice_id": "inv-9"})
     return gateway.call(
-        FINANCE_REQUEST, "payment.execute", {**PAYMENT, "amount_cents": amount_cents}
+        FINANCE_REQUEST,
+        "payment.execute",
+        {**PAYMENT, "amount_cents": amount_cents, "currency": currency},
     )
 
 
@@ -70,6 +75,41 @@ def test_a_payment_over_the_roles_limit_is_denied_with_its_own_code(gateway, sto
     at_limit = pay(gateway, 500_000)
     assert isinstance(at_limit, ProposalRecord)
     assert at_limit.status is ProposalStatus.PENDING
+
+
+def test_the_limit_compares_the_amount_converted_into_euros(gateway, store: Store):
+    # 4,500.00 GBP is under 500000 as written, but 5,265.00 EUR by the demo's rate.
+    with pytest.raises(CapabilityViolation) as denied:
+        pay(gateway, 450_000, "GBP")
+    assert denied.value.reason_codes == ["value_over_limit"]
+    assert "526500" in denied.value.reasons[0].message
+    # 5,400.00 USD is over 500000 as written, but 4,968.00 EUR: proposed.
+    in_dollars = pay(gateway, 540_000, "USD")
+    assert isinstance(in_dollars, ProposalRecord)
+    assert in_dollars.status is ProposalStatus.PENDING
+
+
+def test_a_currency_without_a_rate_is_refused_before_anything_is_proposed(
+    gateway, store: Store, desk
+):
+    with pytest.raises(InvalidInput, match="no rate in the catalogue's currency table"):
+        pay(gateway, 1_000, "XTS")
+    with store.transaction(read_only=True) as tx:
+        assert tx.list_proposals() == []
+    rows = [r for r in store.ledger(tenant=TENANT) if r.tool == "payment.execute"]
+    assert rows == []  # refused before OPA: no decision to record
+    assert not desk.payments
+
+
+def test_the_quorum_threshold_is_in_euros_too(gateway, store: Store, desk):
+    # 2,100.00 USD is 1,932.00 EUR: at most 2,000.00 EUR, one controller is enough.
+    proposal = pay(gateway, 210_000, "USD")
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    # 1,800.00 GBP is 2,106.00 EUR: a second, distinct controller is needed.
+    pounds = pay(gateway, 180_000, "GBP")
+    gateway.review(pounds.id, CONTROLLER, "approved")
+    assert proposal_of(store, pounds.id).status is ProposalStatus.PENDING
 
 
 def test_a_budget_can_count_the_amount(tmp_path: Path, store: Store, desk, sales_sidecar):

@@ -23,6 +23,9 @@ info string                        rule
 ``json catalogue-data``            equals ``compile_catalogue(docs catalogue)`` exactly.
 ``yaml catalogue-tools``           tool contracts shown apart from the docs catalogue:
                                    each is a contract the catalogue accepts.
+``yaml currencies.yaml``           an optional catalogue file: loads beside the docs
+                                   catalogue, changes its digest, and converts the
+                                   worked figure of the prose with the contract above.
 ``json compose-input``             a valid ``ComposeInput``; OPA composes it against the
                                    docs catalogue.
 ``json compose-decision``          a valid ``ComposeDecision``, equal to OPA's answer to
@@ -137,6 +140,7 @@ from capgate.cli.logs import JsonLines, log_decision
 from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
+from capgate.gateway.catalogue.load import OPTIONAL_FILES
 from capgate.gateway.digest import params_digest
 from capgate.gateway.enforce.arguments import values_of
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
@@ -224,6 +228,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "mermaid": lambda b: b.lang == "mermaid" and not b.tag,
     "catalogue-file": lambda b: b.lang == "yaml" and b.tag in CATALOGUE_FILES,
     "catalogue-tools": lambda b: b.lang == "yaml" and b.tag == "catalogue-tools",
+    "catalogue-optional-file": lambda b: b.lang == "yaml" and b.tag in OPTIONAL_FILES,
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
@@ -374,6 +379,34 @@ def test_catalogue_blocks_form_a_catalogue_opa_answers_for(
     support = _compose(docs_opa, "support", {"crm": "active", "sales_mailbox": "active"})
     assert support.visible == ["contact.read"]
     assert support.reasons_for("quote.prepare_send") == ["role_not_granted"]
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("catalogue-optional-file"), ids=ids(blocks_of("catalogue-optional-file"))
+)
+def test_the_currency_table_converts_as_the_docs_say(
+    block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
+):
+    # Beside the docs catalogue the table loads, and is in the digest: a change of
+    # rate is a change of catalogue.
+    folder = tmp_path / "with-table"
+    shutil.copytree(docs_catalogue_dir, folder)
+    (folder / block.tag).write_text(block.text, encoding="utf-8")
+    with_table = load_catalogue(folder)
+    assert with_table.currencies is not None
+    digests = {compile_catalogue(c)["meta"]["digest"] for c in (with_table, docs_catalogue)}
+    assert len(digests) == 2
+    # The contract above it, its converted value read with this table: the worked
+    # figure of the docs (4,500.00 GBP is 526500 euro cents).
+    [tool] = yaml.safe_load(preceding(block, "catalogue-tools").text)["tools"]
+    contract = ToolContract.model_validate(tool)
+    values = values_of(contract, {"amount_cents": 450_000, "currency": "GBP",
+                                  "invoice_id": "inv-1", "payee_email": "a@b.example"},
+                       with_table.currencies)  # fmt: skip
+    assert values["amount_eur_cents"] == 526_500
+    prose = block.doc.read_text(encoding="utf-8")
+    assert "`450000`" in prose
+    assert "`526500`" in prose
 
 
 @pytest.mark.parametrize(
@@ -911,9 +944,11 @@ def _check_over_limit_example(path: Path, capsys: pytest.CaptureFixture[str]) ->
     facts = ExecuteInput.model_validate(yaml.safe_load(path.read_text()))
     params = _params_comment(path)
     assert params is not None, f"{path.name}: no '# params: {{...}}' comment for its digest"
-    contract = load_catalogue(SALES).tool(facts.call.tool)
+    catalogue = load_catalogue(SALES)
+    contract = catalogue.tool(facts.call.tool)
     _assert_params_fit(params, contract, facts)
-    assert facts.call.values == values_of(contract, params)  # what the dispatcher sends
+    # What the dispatcher sends, converted by the demo's currency table.
+    assert facts.call.values == values_of(contract, params, catalogue.currencies)
     argv = ["explain", "execute", str(path), "--catalogue", str(SALES)]
     assert main(argv) == EXIT_DENIED
     assert "allow: false (value_over_limit)" in capsys.readouterr().out

@@ -5,6 +5,7 @@ wrong type, no parameter's content in an error)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from capgate.gateway.enforce.arguments import MAX_VALUE_CHARS, values_of
 from capgate.gateway.errors import InvalidInput
-from capgate.gateway.model.contracts import ToolContract
+from capgate.gateway.model.contracts import CurrencyTable, ToolContract
 from capgate.gateway.model.facts import Call
 
 SCHEMA: dict[str, Any] = {
@@ -132,7 +133,7 @@ def test_a_counted_cost_is_the_value_and_never_negative():
         ({"cost_value": "amount_cents", "cost": 3}, "give one"),
         (
             {"values": {"x": {"param": "missing", "type": "string"}}},
-            "values['x']: parameter 'missing' is not in the input schema's properties",
+            "values['x'].param: parameter 'missing' is not in the input schema's properties",
         ),
         (
             {"values": {"x": {"param": "recipient", "type": "integer", "derive": "email_domain"}}},
@@ -192,3 +193,96 @@ def test_a_quorum_is_for_reviewed_tools_only():
     assert reviewed(quorum=[{"approvals": 2}]).quorum[0].value is None
     with pytest.raises(ValidationError, match="this tool's calls are never reviewed"):
         contract(quorum=[{"approvals": 2}])
+
+
+# -- amounts converted into the catalogue's base currency ------------------------------------
+
+#: A value converted by the table: the amount in euro cents, whatever the currency.
+CONVERTED = {"param": "amount_cents", "type": "integer", "derive": "converted",
+             "currency": "currency"}  # fmt: skip
+
+TABLE = CurrencyTable(base="EUR", rates={"USD": 0.92, "JPY": 0.615})
+
+
+def converting(**spec: Any) -> ToolContract:
+    return contract(values={"amount_eur": {**CONVERTED, **spec}})
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "converted"),
+    [
+        (120_000, "EUR", 120_000),  # the base itself needs no rate
+        (100_000, "USD", 92_000),
+        (1, "USD", 1),  # 0.92 rounds to 1
+        (25, "JPY", 15),  # 15.375 rounds to 15; half to even below
+        (10, "JPY", 6),  # 6.15
+    ],
+)
+def test_an_amount_is_converted_by_the_table(amount, currency, converted):
+    values = values_of(converting(), {"amount_cents": amount, "currency": currency}, TABLE)
+    assert values == {"amount_eur": converted}
+    assert type(values["amount_eur"]) is int
+
+
+def test_an_integer_value_rounds_half_to_even_and_a_number_keeps_its_fraction():
+    halves = CurrencyTable(base="EUR", rates={"XAU": 0.5})
+    assert values_of(converting(), {"amount_cents": 5, "currency": "XAU"}, halves) == {
+        "amount_eur": 2  # 2.5 to even
+    }
+    assert values_of(converting(), {"amount_cents": 7, "currency": "XAU"}, halves) == {
+        "amount_eur": 4  # 3.5 to even
+    }
+    number = converting(type="number")
+    assert values_of(number, {"amount_cents": 7, "currency": "XAU"}, halves) == {"amount_eur": 3.5}
+
+
+@pytest.mark.parametrize("currency", ["CHF", "zzz", None, 12])
+def test_a_currency_without_a_rate_is_refused_without_repeating_it(currency):
+    params = {"amount_cents": 100, "currency": currency}
+    with pytest.raises(InvalidInput) as refused:
+        values_of(converting(), params, TABLE)
+    message = str(refused.value)
+    assert "value 'amount_eur'" in message
+    assert "parameter 'currency'" in message
+    assert "has no rate in the catalogue's currency table" in message
+    if isinstance(currency, str):  # the caller's text is not repeated back
+        assert currency not in message
+
+
+def test_without_a_table_nothing_is_converted():
+    with pytest.raises(InvalidInput, match="no rate"):
+        values_of(converting(), {"amount_cents": 100, "currency": "EUR"}, None)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"type": "string"}, "derive: converted gives a number"),
+        ({"currency": None}, "derive: converted needs currency"),
+        ({"currency": "missing"}, "values['amount_eur'].currency: parameter 'missing' is not"),
+    ],
+)
+def test_a_converted_value_must_be_numeric_and_name_its_currency(spec, problem):
+    with pytest.raises(ValidationError, match=re.escape(problem)):
+        converting(**spec)
+
+
+def test_only_a_converted_value_names_a_currency():
+    with pytest.raises(ValidationError, match="currency: goes only with derive: converted"):
+        contract(values={"x": {"param": "amount_cents", "type": "integer",
+                               "currency": "currency"}})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ({"base": "euro"}, "base"),
+        ({"base": "EUR", "rates": {"usd": 1}}, "rates"),
+        ({"base": "EUR", "rates": {"USD": 0}}, "rates"),
+        ({"base": "EUR", "rates": {"USD": "0.92"}}, "rates"),
+        ({"base": "EUR", "rates": {"EUR": 2}}, "the base currency's rate is 1"),
+    ],
+)
+def test_the_currency_table_refuses_what_it_cannot_convert_by(table, problem):
+    with pytest.raises(ValidationError, match=re.escape(problem)):
+        CurrencyTable.model_validate(table)

@@ -101,6 +101,7 @@ def test_public_surface_is_pinned() -> None:
         "BudgetClassSpec",
         "Catalogue",
         "CostClass",
+        "CurrencyTable",
         "DEFAULT_COST_UNITS",
         "Derivation",
         "Idempotency",
@@ -269,7 +270,7 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
         "quorum": [],
     }
     assert document["tools"]["payment.execute"]["limits"] == [
-        {"value": "amount_cents", "max": 500000, "roles": {"finance": True}}
+        {"value": "amount_eur_cents", "max": 500000, "roles": {"finance": True}}
     ]
     assert document["tools"]["contact.read"]["execution_action"] is None
     assert document["tools"]["contact.read"]["reviewers"] == {}
@@ -291,7 +292,9 @@ def test_compiled_tool_matches_the_policy_interface() -> None:
 
 def test_compiled_document_is_keyed_by_name() -> None:
     document = compile_catalogue(load_catalogue(demo_catalogue_dir("sales")))
-    assert set(document) == {"tools", "task_types", "budget_classes", "roles", "index", "meta"}
+    keys = {"tools", "task_types", "budget_classes", "roles", "index", "meta", "currencies"}
+    assert set(document) == keys
+    assert document["currencies"]["base"] == "EUR"  # the demo's currencies.yaml
     assert set(document["tools"]) == {
         "contact.read",
         "contact.verify_email",
