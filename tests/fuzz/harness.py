@@ -48,6 +48,7 @@ from capgate.gateway.model.facts import (
     Approval,
     ComposeInput,
     ConnectionStatus,
+    EvidenceSubject,
     ExecuteInput,
     ReviewInput,
 )
@@ -412,8 +413,11 @@ class TenantSeed:
     budget_limit: int | None = None
     #: alias -> status ("active", "disabled", "revoked")
     connections: Mapping[str, str] = field(default_factory=dict)
-    #: task id -> evidence names already recorded for it
-    evidence: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: task id -> evidence already recorded for it: a name (about nothing in
+    #: particular), or a name with what it is about
+    evidence: Mapping[str, tuple[str | tuple[str, EvidenceSubject], ...]] = field(
+        default_factory=dict
+    )
 
 
 def account_of(tenant: str, alias: str) -> str:
@@ -492,9 +496,10 @@ class World:
                             status=ConnectionStatus(status),
                             account=account_of(tenant, alias),
                         )
-                    for task, names in seed.evidence.items():
-                        for name in names:
-                            tx.record_evidence(tenant, task, name, source="seeded")
+                    for task, pieces in seed.evidence.items():
+                        for piece in pieces:
+                            name, about = piece if isinstance(piece, tuple) else (piece, None)
+                            tx.record_evidence(tenant, task, name, source="seeded", subject=about)
             self.gateway = Gateway(
                 catalogue,
                 policy,

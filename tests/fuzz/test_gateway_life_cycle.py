@@ -78,7 +78,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from capgate.cli.main import main as capgate_cli
-from capgate.gateway.digest import canonical_json, digest_of
+from capgate.gateway.digest import canonical_json, digest_of, email_digest
 from capgate.gateway.enforce.dispatcher import DecisionEvent
 from capgate.gateway.errors import (
     CapabilityViolation,
@@ -90,7 +90,7 @@ from capgate.gateway.errors import (
 )
 from capgate.gateway.model.contracts import Catalogue, Idempotency
 from capgate.gateway.model.decisions import ExecuteDecision
-from capgate.gateway.model.facts import ExecuteInput, Reviewer, Stage
+from capgate.gateway.model.facts import EvidenceSubject, ExecuteInput, Reviewer, Stage
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.requests import AgentRequest
@@ -204,6 +204,10 @@ _PAYMENT: Final = {
     "currency": "EUR",
     "beneficiary": "DE44500105175407324931",
 }
+_RECIPIENT_VERIFIED: Final = EvidenceSubject(
+    type="email_digest", id=email_digest(_EMAIL["recipient"])
+)
+_INVOICE_APPROVED: Final = EvidenceSubject(type="invoice", id=_PAYMENT["invoice_id"])
 _CONTACTS: Final = [{"contact_id": "c-42"}, {"contact_id": "c-77"}, {"contact_id": "c-99"}]
 #: Parameters most calls use: in the tasks' scope but for one per tool, so the same
 #: operation id comes back with the same parameters, or other ones.
@@ -362,6 +366,10 @@ def _steps(draw: st.DrawFn, menu: Menu, so_far: SoFar) -> Step:
     kinds += ["review"] * (6 if so_far.pending else 1)
     kinds += ["dispatch"] * (6 if so_far.approved else 1)
     kind = draw(st.sampled_from(kinds))
+    if so_far.approved and kind in ("call", "propose") and draw(one_in(3)):
+        # Few sequences reach an approval (a proposal needs its evidence about its own
+        # subject, then a fitting reviewer): once one has, a dispatch comes sooner.
+        kind = "dispatch"
     if kind in ("review", "dispatch") and not so_far.proposals and not draw(one_in(6)):
         kind = "propose"  # nothing to review yet
     if kind in ("call", "propose"):
@@ -446,14 +454,18 @@ class Lab:
 
     def world(self, draw: st.DrawFn) -> World:
         """A fresh store: acme's limit and the evidence its tasks have drawn."""
-        quote_evidence = (
+        # Evidence about what the calls of the pool are about: the quote's recipient
+        # (by its digest, as contact.verify_email records it) and the paid invoice.
+        quote_evidence: tuple[str | tuple[str, EvidenceSubject], ...] = (
             "communication_permission",
             "current_quote_revision",
-            "verified_recipient",
+            ("verified_recipient", _RECIPIENT_VERIFIED),
         )
 
-        def some(names: tuple[str, ...]) -> tuple[str, ...]:
-            return tuple(name for name in names if not draw(one_in(4)))  # most of them
+        def some(
+            pieces: tuple[str | tuple[str, EvidenceSubject], ...],
+        ) -> tuple[str | tuple[str, EvidenceSubject], ...]:
+            return tuple(piece for piece in pieces if not draw(one_in(4)))  # most of them
 
         connections = dict.fromkeys(ALIASES, "active")
         tenants = {
@@ -463,7 +475,7 @@ class Lab:
                 connections=connections,
                 evidence={
                     "task-quote": some(quote_evidence),
-                    "task-pay": some(("invoice_approved",)),
+                    "task-pay": some((("invoice_approved", _INVOICE_APPROVED),)),
                 },
             ),
             GLOBEX: TenantSeed(

@@ -487,7 +487,7 @@ def write_lifecycle_catalogue(
     """
     folder.mkdir(parents=True, exist_ok=True)
     source = demo_catalogue_dir("sales")
-    for name in ("budget_classes.yaml", "roles.yaml"):
+    for name in ("budget_classes.yaml", "roles.yaml", "currencies.yaml"):
         shutil.copyfile(source / name, folder / name)
     tools = yaml.safe_load((source / "tools.yaml").read_text())
     for tool in tools["tools"]:

@@ -35,7 +35,14 @@ from capgate.gateway.digest import params_digest
 from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.errors import CapabilityViolation, PolicyUnavailable
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import Approval, Budget, ComposeInput, ProposalRef, Stage
+from capgate.gateway.model.facts import (
+    Approval,
+    Budget,
+    ComposeInput,
+    EvidencePiece,
+    ProposalRef,
+    Stage,
+)
 from capgate.gateway.opa.binary import find_opa_binary
 from capgate.gateway.opa.bundle import bundle_revision, write_bundle
 from capgate.gateway.opa.sidecar import PolicySidecar
@@ -135,7 +142,10 @@ def pay(dispatcher: Dispatcher) -> None:
         approval=approval,
         proposal=ProposalRef(id="prop-1", status="approved"),
         budget=budget(dispatcher, "payment.execute"),
-        evidence=["invoice_approved"],
+        # The invoice's approval as invoice.check_approval records it: about inv-9.
+        evidence_about=[
+            EvidencePiece(name="invoice_approved", subject={"type": "invoice", "id": "inv-9"})
+        ],
     )
 
 
