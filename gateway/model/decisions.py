@@ -209,13 +209,16 @@ class ReviewDecision(_Provenance):
     """Answer of ``capgate/review``: may this reviewer give this verdict on this proposal?
 
     ``approvals_required`` is how many distinct reviewers must approve the proposal
-    before it is approved (its contract's quorum, from the proposal's values): an
-    approval short of it is recorded and the proposal stays pending.
+    before it is approved (its contract's quorum, from the proposal's values), and
+    ``quorum_met`` whether they have, this verdict counted: the policy decides it,
+    and an approval it does not complete is recorded while the proposal stays
+    pending. False unless said: an answer that omits it never approves.
     """
 
     allow: bool
     reasons: list[Reason]
     approvals_required: int = Field(default=1, ge=1, le=64)
+    quorum_met: bool = False
 
     @property
     def reason_codes(self) -> list[str]:

@@ -357,6 +357,11 @@ class ReviewProposal(_Facts):
     values: dict[Identifier, CallValue] = Field(default_factory=dict, max_length=64)
     status: Identifier
     proposer: Principal
+    #: The people whose approval of the proposal stands (unexpired, as the store's
+    #: clock reads it), before this review: the policy adds the reviewer's and says
+    #: whether the quorum is met. The gateway records the review only while the
+    #: store still holds exactly these.
+    approvers: list[Identifier] = Field(default_factory=list, max_length=64)
 
 
 class ReviewInput(_Facts):

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
 from capgate.gateway.enforce.arguments import values_of
@@ -28,6 +30,7 @@ from capgate.gateway.errors import (
     InvalidInput,
     OperationConflict,
     PolicyUnavailable,
+    StoreBusy,
     UnknownProposal,
     quote,
 )
@@ -52,13 +55,16 @@ __all__ = [
     "DEFAULT_APPROVAL_TTL",
     "MAX_APPROVAL_TTL",
     "Proposals",
+    "QuorumProgress",
     "ReviewPolicy",
     "approval_fact",
     "approvals_of",
     "block",
     "latest_approval",
     "person_of",
+    "quorum_progress",
     "read_proposal",
+    "standing_approvers",
 ]
 
 log = logging.getLogger("capgate.service")
@@ -71,12 +77,20 @@ MAX_APPROVAL_TTL: Final = timedelta(days=366)
 #: The ledger outcome of an approval short of the contract's quorum: recorded, and
 #: the proposal stays pending until enough distinct reviewers approve.
 AWAITING_QUORUM: Final = "awaiting_quorum"
+#: How often a review is asked again when other approvals keep changing the count
+#: before it is recorded; past that, StoreBusy (review again).
+_REVIEW_ROUNDS: Final = 5
 
 
 class ReviewPolicy(PolicyDecider, Protocol):
     """A policy decider that also answers the review question (``PolicyClient`` does)."""
 
     def review(self, facts: ReviewInput) -> ReviewDecision: ...
+
+
+class _Stale(Exception):
+    """Raised inside the review's transaction (rolling it back) when the approvals
+    standing differ from those the review policy counted: it is asked again."""
 
 
 class _Lost(Exception):
@@ -231,6 +245,38 @@ class Proposals:
                 f"{MAX_APPROVAL_TTL.days} days"
             )
         comment = review_comment(comment)
+        for _ in range(_REVIEW_ROUNDS):
+            try:
+                record = self._review_once(proposal_id, reviewer, verdict, ttl, comment)
+            except _Stale:
+                continue  # another approval or an expiry moved the count: ask again
+            break
+        else:
+            raise StoreBusy(
+                f"the approvals of proposal {quote(proposal_id, 64)} kept changing while "
+                f"this review was decided ({_REVIEW_ROUNDS} tries): review again"
+            )
+        log.info(
+            "review proposal=%s verdict=%s by=%s via=%s",
+            record.proposal_id,
+            verdict.value,
+            reviewer_name(reviewer),
+            reviewer.authenticated_by,
+        )
+        return record
+
+    def _review_once(
+        self,
+        proposal_id: str,
+        reviewer: Reviewer,
+        verdict: ReviewVerdict,
+        ttl: timedelta,
+        comment: str | None,
+    ) -> ReviewRecord:
+        """One round of :meth:`review`: read the proposal and who has approved it, ask
+        OPA, record. _Stale when the approvals changed between the asking and the
+        recording, so that the quorum OPA decided is the one the store holds."""
+        standing = standing_approvers(self.store, proposal_id)
         proposal = read_proposal(self.store, proposal_id)
         contract = self.catalogue.tools.get(proposal.tool)
         facts = ReviewInput.model_validate(
@@ -242,6 +288,7 @@ class Proposals:
                     "tool": proposal.tool,
                     "status": proposal.status.value,
                     "proposer": proposal.proposer,
+                    "approvers": sorted(standing),
                     # What a quorum may depend on, read as the dispatch will read it.
                     "values": (
                         values_of(contract, proposal.params, self.catalogue.currencies)
@@ -279,7 +326,9 @@ class Proposals:
             )
         kind = contract.approval.value if contract is not None else "none"
         try:
-            record = self._record(proposal, reviewer, verdict, kind, ttl, decision, row, comment)
+            record = self._record(
+                proposal, reviewer, verdict, kind, ttl, decision, row, comment, standing
+            )
         except _Lost:
             # Another review got there first: this one was decided on stale facts. It is
             # recorded like any refusal, then refused.
@@ -298,13 +347,6 @@ class Proposals:
                 [Reason(code="proposal_not_pending", message="the proposal is no longer pending")],
                 decision_id=decision.decision_id,
             ) from None
-        log.info(
-            "review proposal=%s verdict=%s by=%s via=%s",
-            proposal.id,
-            verdict.value,
-            reviewer_name(reviewer),
-            reviewer.authenticated_by,
-        )
         return record
 
     def _record(
@@ -317,13 +359,21 @@ class Proposals:
         decision: ReviewDecision,
         row: LedgerEntry,
         comment: str | None,
+        standing: frozenset[str],
     ) -> ReviewRecord:
         """In one transaction: the review, the proposal's new status, the ledger row;
-        _Lost if the proposal is no longer pending."""
+        _Lost if the proposal is no longer pending, _Stale if an approval's people are
+        no longer ``standing``, those OPA counted (read under the proposal's lock, so
+        two reviewers completing a quorum at once cannot both be told short of it,
+        nor one counted twice)."""
         with self.store.transaction() as tx:
             current = tx.get_proposal(proposal.id, for_update=True)
             if current is None or current.status is not ProposalStatus.PENDING:
                 raise _Lost
+            if verdict is ReviewVerdict.APPROVED and (
+                _standing(tx.reviews(proposal.id), tx.now) != standing
+            ):
+                raise _Stale
             record = tx.insert_review(
                 ReviewRecord(
                     id=f"rev-{uuid.uuid4().hex[:20]}",
@@ -346,17 +396,13 @@ class Proposals:
                 outcome = ProposalStatus.REJECTED.value
                 tx.update_proposal(proposal.id, status=ProposalStatus.REJECTED, reason_codes=[])
             else:
-                # The distinct reviewers whose approval still stands, this one among
-                # them: the same person approving twice counts once.
-                approvers = {
-                    person_of(r.reviewer)
-                    for r in tx.reviews(proposal.id)
-                    if r.verdict is ReviewVerdict.APPROVED and r.expires_at > tx.now
-                }
+                # Whether this approval completes the quorum is the policy's answer
+                # (capgate.review's quorum_met); standing is what it counted.
                 required = decision.approvals_required
                 if required > 1:
-                    detail.update(approvals=len(approvers), approvals_required=required)
-                if len(approvers) < required:
+                    approvals = len(standing | {person_of(reviewer)})
+                    detail.update(approvals=approvals, approvals_required=required)
+                if not decision.quorum_met:
                     outcome = AWAITING_QUORUM  # recorded, and the proposal stays pending
                 else:
                     outcome = ProposalStatus.APPROVED.value
@@ -387,6 +433,52 @@ def person_of(reviewer: Reviewer) -> str:
     compared without regard to case (as self_review compares them), so Maria and
     her assistant approving are one approval, not two."""
     return (reviewer.acts_for or reviewer.id).lower()
+
+
+def _standing(reviews: Iterable[ReviewRecord], now: datetime) -> frozenset[str]:
+    """The people whose approval among ``reviews`` is unexpired at ``now``."""
+    return frozenset(
+        person_of(r.reviewer)
+        for r in reviews
+        if r.verdict is ReviewVerdict.APPROVED and r.expires_at > now
+    )
+
+
+@dataclass(frozen=True)
+class QuorumProgress:
+    """How far a pending proposal that needs more than one reviewer has got: the
+    distinct people whose approval stands now, of the number the review policy
+    asked for at the last approval (its ledger row says so)."""
+
+    approvals: int
+    required: int
+
+
+def quorum_progress(store: Store, proposal_id: str) -> QuorumProgress | None:
+    """The progress of a pending proposal towards its quorum, for the people who
+    review it; None for one that is not pending or needs one approval. The number
+    asked is the policy's, as the last approval recorded it: before any approval the
+    gateway has not asked, and says nothing rather than count on its own."""
+    asked = [
+        row.detail["approvals_required"]
+        for row in store.ledger(proposal_id=proposal_id)
+        if row.kind == "review" and isinstance(row.detail.get("approvals_required"), int)
+    ]
+    if not asked or asked[-1] <= 1:
+        return None
+    with store.transaction(read_only=True) as tx:
+        proposal = tx.get_proposal(proposal_id)
+        if proposal is None or proposal.status is not ProposalStatus.PENDING:
+            return None
+        approvals = len(_standing(tx.reviews(proposal_id), tx.now))
+    return QuorumProgress(approvals=approvals, required=asked[-1])
+
+
+def standing_approvers(store: Store, proposal_id: str) -> frozenset[str]:
+    """The people whose approval of the proposal stands now, by the store's clock:
+    what the review policy counts towards the quorum with the next approval."""
+    with store.transaction(read_only=True) as tx:
+        return _standing(tx.reviews(proposal_id), tx.now)
 
 
 def approvals_of(store: Store, proposal_id: str) -> list[ReviewRecord]:

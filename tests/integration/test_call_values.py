@@ -10,10 +10,20 @@ a payment larger than what is left is refused. The limit and the quorum threshol
 are on the amount converted into euros by the catalogue's currencies.yaml
 (``derive: converted``), so they hold in every currency the table names, and a
 payment in any other currency is refused before OPA is asked.
+
+Above 2,000.00 two distinct controllers must approve. The gateway shows the review
+policy who has approved so far and records an approval as completing the quorum
+only when the policy says so (``quorum_met``), and only while the approvals it
+counted still stand: two controllers deciding at the same moment are not both told
+they are one short, and an approval that expired before the next one is not
+counted by it. Reviewers see the progress (the desk's view, the MCP answer) in the
+policy's number.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +31,16 @@ from typing import Any
 import pytest
 import yaml
 
+from capgate.adapters.fronts.answers import verdict_answer
+from capgate.adapters.fronts.desk import ReviewDesk
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import CapabilityViolation, InvalidInput
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.decisions import ReviewDecision
+from capgate.gateway.model.facts import ReviewInput
 from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.proposals import QuorumProgress, quorum_progress
 from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
 from tests.integration import lifecycle_support as lifecycle_fixtures
@@ -36,6 +52,7 @@ from tests.integration.lifecycle_support import (
     PAY_TASK,
     PAYMENT,
     TENANT,
+    SalesDesk,
     agent_request,
     make_gateway,
     proposal_of,
@@ -149,6 +166,7 @@ def test_a_budget_can_count_the_amount(tmp_path: Path, store: Store, desk, sales
 
 #: A second controller: above 2,000.00 the demo's payments need two.
 SECOND_CONTROLLER = CONTROLLER.model_copy(update={"id": "dana"})
+THIRD_CONTROLLER = CONTROLLER.model_copy(update={"id": "emil"})
 
 
 def review_rows(store: Store, proposal_id: str) -> list[tuple[str | None, str | None]]:
@@ -212,3 +230,116 @@ def test_an_approval_that_expired_before_the_dispatch_no_longer_counts(
     assert short.value.reason_codes == ["approval_quorum_not_met"]
     assert proposal_of(store, proposal.id).status is ProposalStatus.BLOCKED
     assert not desk.payments
+
+
+# -- the quorum is counted by the review policy, on the approvals that stand ---------------
+
+
+class Watched:
+    """The real policy client, with the review questions it was asked kept; the first
+    ``held`` reviews wait at ``barrier`` after OPA answered, so that they are all
+    decided before any is recorded."""
+
+    def __init__(self, client: Any, held: int = 0) -> None:
+        self.client = client
+        self.asked: list[ReviewInput] = []
+        self.answers: list[ReviewDecision] = []
+        self.held = held
+        self.barrier = threading.Barrier(held) if held else None
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def review(self, facts: ReviewInput) -> ReviewDecision:
+        decision = self.client.review(facts)
+        with self.lock:
+            self.asked.append(facts)
+            self.answers.append(decision)
+            hold = len(self.asked) <= self.held
+        if hold and self.barrier is not None:
+            self.barrier.wait(timeout=600)  # the other reviewer's question, however slow
+        return decision
+
+
+def test_the_policy_is_shown_who_approved_and_says_when_the_quorum_is_met(
+    sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, store: Store, desk: SalesDesk
+):
+    policy = Watched(sales_sidecar.client)
+    gateway = make_gateway(sales_catalogue, policy, store, desk.tools())  # type: ignore[arg-type]
+    proposal = pay(gateway, 300_000)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    gateway.review(proposal.id, SECOND_CONTROLLER, "approved")
+    assert [facts.proposal.approvers for facts in policy.asked] == [[], ["carl"]]
+    assert [(a.approvals_required, a.quorum_met) for a in policy.answers] == [
+        (2, False),
+        (2, True),
+    ]
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    assert gateway.dispatch(proposal.id).ok
+
+
+def test_two_reviewers_approving_at_once_complete_the_quorum(
+    sales_catalogue: Catalogue, sales_sidecar: PolicySidecar, store: Store, desk: SalesDesk
+):
+    # Both are answered "one short" before either is recorded: the second to record
+    # finds the approvals changed, is asked again, and completes the quorum.
+    policy = Watched(sales_sidecar.client, held=2)
+    gateway = make_gateway(sales_catalogue, policy, store, desk.tools())  # type: ignore[arg-type]
+    proposal = pay(gateway, 300_000)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reviews = [
+            pool.submit(gateway.review, proposal.id, reviewer, "approved")
+            for reviewer in (CONTROLLER, SECOND_CONTROLLER)
+        ]
+        for review in reviews:
+            review.result()
+    assert [a.quorum_met for a in policy.answers[:2]] == [False, False]
+    assert len(policy.asked) == 3
+    assert sorted(policy.asked[2].proposal.approvers) in (["carl"], ["dana"])
+    assert policy.answers[2].quorum_met is True
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    with store.transaction(read_only=True) as tx:
+        assert tx.get_dispatch(proposal.id) is not None
+    outcomes = [r.outcome for r in store.ledger(proposal_id=proposal.id) if r.kind == "review"]
+    assert outcomes == ["awaiting_quorum", "approved"]
+    assert gateway.dispatch(proposal.id).ok
+    assert len(desk.payments) == 1
+
+
+def test_an_approval_expired_before_the_next_one_is_not_counted_by_it(
+    gateway, store: Store, desk: SalesDesk, clock
+):
+    proposal = pay(gateway, 300_000)
+    clock.offset = -timedelta(hours=2)
+    gateway.review(proposal.id, CONTROLLER, "approved", ttl=timedelta(hours=1))
+    clock.offset = timedelta(0)  # carl's approval expired an hour ago
+    gateway.review(proposal.id, SECOND_CONTROLLER, "approved")
+    assert proposal_of(store, proposal.id).status is ProposalStatus.PENDING
+    assert quorum_progress(store, proposal.id) == QuorumProgress(approvals=1, required=2)
+    gateway.review(proposal.id, THIRD_CONTROLLER, "approved")
+    assert proposal_of(store, proposal.id).status is ProposalStatus.APPROVED
+    assert gateway.dispatch(proposal.id).ok
+
+
+def test_reviewers_see_the_progress_in_the_policy_s_number(gateway, store: Store):
+    reviews = ReviewDesk(gateway)
+    proposal = pay(gateway, 300_000)
+    # Before anyone approved, the gateway has not asked: it claims no number.
+    assert reviews.show(CONTROLLER, proposal.id).quorum is None
+    first = reviews.decide(CONTROLLER, proposal.id, "approved", digest=proposal.params_digest)
+    progress = reviews.progress(proposal.id)
+    assert progress == QuorumProgress(approvals=1, required=2)
+    assert reviews.show(SECOND_CONTROLLER, proposal.id).quorum == progress
+    answer = verdict_answer(first, progress)
+    assert answer.facts["status"] == "awaiting_quorum"
+    assert (answer.facts["approvals"], answer.facts["approvals_required"]) == (1, 2)
+    assert "1 of the 2 distinct reviewers" in answer.text
+    assert "dispatches" not in answer.text
+
+    second = reviews.decide(
+        SECOND_CONTROLLER, proposal.id, "approved", digest=proposal.params_digest
+    )
+    assert reviews.progress(proposal.id) is None  # approved: nothing left to wait for
+    assert reviews.show(CONTROLLER, proposal.id).quorum is None
+    assert verdict_answer(second, None).facts["status"] == "approved"

@@ -50,6 +50,9 @@ def compose_decision(
 def review_decision(
     allow: bool = True, reasons: list[Reason] | None = None, **fields: Any
 ) -> ReviewDecision:
+    """A review answer; an allow meets its quorum unless ``quorum_met`` says not (as
+    OPA answers for a tool with no quorum rule)."""
+    fields.setdefault("quorum_met", allow and not reasons)
     fields.update(allow=allow, reasons=reasons or [])
     return ReviewDecision.model_validate(_provenance(ReviewDecision, fields))
 

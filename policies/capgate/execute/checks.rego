@@ -259,7 +259,7 @@ _failed contains "approval_quorum" if {
 	input.stage == "dispatch"
 	_has_approval
 	_quorum > 1 # one approval: the approval checks above are the whole story
-	count(_approvers) < _quorum
+	not quorum.met(_contract, _values, _approvers)
 }
 
 _quorum := quorum.required(_contract, _values)

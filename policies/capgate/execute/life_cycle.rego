@@ -3,6 +3,8 @@
 # the rules that decide from them. Part of package capgate.execute.
 package capgate.execute
 
+import data.capgate.bounds
+
 # The stages of a call's life cycle.
 
 default _stage := null
@@ -85,13 +87,7 @@ _over_limits contains {"value": limit.value, "actual": actual, "max": limit.max,
 	limit.roles[input.principal.role] == true
 	actual := object.get(_values, limit.value, null)
 	actual != null
-	not _within(actual, limit.max)
-}
-
-_within(actual, limit) if {
-	is_number(actual)
-	is_number(limit)
-	actual <= limit
+	not bounds.at_most(actual, limit.max)
 }
 
 _has_cost if is_number(_cost)

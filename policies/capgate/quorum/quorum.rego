@@ -8,6 +8,8 @@
 #   dispatch (approval_quorum), against the approvals the store holds then.
 package capgate.quorum
 
+import data.capgate.bounds
+
 # METADATA
 # title: Approvals required
 # description: |
@@ -32,11 +34,17 @@ _applies(rule, values) if {
 	is_string(rule.value)
 	actual := object.get(values, rule.value, null)
 	actual != null
-	not _at_most(actual, rule.above)
+	not bounds.at_most(actual, rule.above)
 }
 
-_at_most(actual, threshold) if {
-	is_number(actual)
-	is_number(threshold)
-	actual <= threshold
+# METADATA
+# title: Quorum met
+# description: |
+#   True when the set `people` (distinct, in lower case: whoever's approval the
+#   caller counts) holds at least as many as the call needs. The one comparison of
+#   a count against the quorum: review decides with it whether an approval completes
+#   the proposal, and execute whether a dispatch may go.
+met(contract, values, people) if {
+	is_set(people)
+	count(people) >= required(contract, values)
 }

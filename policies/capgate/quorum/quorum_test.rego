@@ -35,3 +35,17 @@ test_a_quorum_that_is_not_a_list_is_unreachable if {
 	asked := quorum.required({"quorum": "two"}, {})
 	asked > 64
 }
+
+test_met_counts_the_people_against_the_call_s_quorum if {
+	quorum.met(_two_above, {"amount_cents": 5}, {"maria"})
+	not quorum.met(_two_above, {"amount_cents": 2000000}, {"maria"})
+	quorum.met(_two_above, {"amount_cents": 2000000}, {"maria", "omar"})
+	quorum.met(_two_above, {"amount_cents": 2000000}, {"maria", "omar", "li"})
+}
+
+test_met_needs_a_set_of_people if {
+	not quorum.met(_two_above, {"amount_cents": 5}, set())
+	not quorum.met(_two_above, {"amount_cents": 5}, ["maria", "maria"])
+	not quorum.met(_two_above, {"amount_cents": 5}, "maria")
+	not quorum.met({"quorum": "two"}, {}, {"maria", "omar"})
+}

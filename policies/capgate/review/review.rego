@@ -19,7 +19,9 @@ import data.capgate.reasons as rendering
 # title: Review decision
 # description: |
 #   {"allow": bool, "reasons": [{"code", "message"}, ...], "approvals_required": n,
-#   "catalogue_digest": digest}: n distinct reviewers must approve the proposal.
+#   "quorum_met": bool, "catalogue_digest": digest}: n distinct reviewers must
+#   approve the proposal, and quorum_met says whether they have once this verdict is
+#   recorded (the gateway approves the proposal then, and keeps it pending before).
 #   Always defined, whatever the input: anything missing or malformed is a deny with
 #   the reason of the check that reads it. unknown_tool stands alone, as in execute.
 #   catalogue_digest is the digest of the catalogue the decision was made under
@@ -29,6 +31,7 @@ decision := {
 	"allow": allow,
 	"reasons": reasons,
 	"approvals_required": _approvals_required,
+	"quorum_met": _quorum_met,
 	"catalogue_digest": provenance.catalogue_digest,
 }
 
@@ -38,6 +41,31 @@ decision := {
 default _approvals_required := 1
 
 _approvals_required := quorum.required(_contract, _proposal_values)
+
+# Whether the people whose approval of the proposal stands, with this reviewer's
+# when the verdict is an approval, are as many as the quorum asks (capgate.quorum,
+# the count execute checks again at dispatch). False for a rejection, whatever
+# stood before: a rejection never approves.
+default _quorum_met := false
+
+_quorum_met if {
+	_verdict == "approved"
+	quorum.met(_contract, _proposal_values, _approving_people)
+}
+
+# Who has approved, in lower case: each person the gateway lists as standing (it
+# names the person an agent reviewer acts for), and the person this reviewer is.
+_approving_people contains lower(person) if {
+	some person in _proposal.approvers
+	is_string(person)
+}
+
+_approving_people contains lower(_reviewer.acts_for) if is_string(_reviewer.acts_for)
+
+_approving_people contains lower(_reviewer.id) if {
+	not is_string(_reviewer.acts_for)
+	is_string(_reviewer.id)
+}
 
 default _proposal_values := {}
 

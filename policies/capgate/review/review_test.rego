@@ -7,22 +7,11 @@ import data.capgate.review
 test_allow_sales_manager_approves_the_quote if {
 	decision := review.decision with input as fixtures_test.review_input
 		with data.capgate.catalogue as fixtures_test.catalogue
-	want := {"allow": true, "reasons": set(), "approvals_required": 1, "catalogue_digest": fixtures_test.digest}
+	want := {
+		"allow": true, "reasons": set(), "approvals_required": 1, "quorum_met": true,
+		"catalogue_digest": fixtures_test.digest,
+	}
 	decision == want
-}
-
-# A quorum of two above 10,000.00: the decision says how many must approve, from the
-# proposal's values (capgate.quorum holds every case of the count itself).
-_two_above_rule := {"approvals": 2, "value": "amount_cents", "above": 1000000}
-
-_two_above := object.union(fixtures_test.catalogue, {"tools": {"quote.prepare_send": {"quorum": [_two_above_rule]}}})
-
-test_the_decision_says_how_many_reviewers_must_approve if {
-	small := object.union(fixtures_test.review_input, {"proposal": {"values": {"amount_cents": 5}}})
-	large := object.union(small, {"proposal": {"values": {"amount_cents": 1000001}}})
-	one := review.decision with input as small with data.capgate.catalogue as _two_above
-	two := review.decision with input as large with data.capgate.catalogue as _two_above
-	[one.approvals_required, two.approvals_required] == [1, 2]
 }
 
 # A case's input: the baseline with its patch merged in and its removals taken out.
@@ -379,19 +368,21 @@ test_deny_matrix_covers_every_code if {
 	}
 }
 
+_decision_keys := {"allow", "reasons", "approvals_required", "quorum_met", "catalogue_digest"}
+
 # Whatever the input or the catalogue, the decision is a complete object; a deny
 # carries at least one reason, each with a code and a message.
 test_deny_malformed_input_is_a_complete_deny if {
 	inputs := [{}, "approve pr-17", ["maria"], null, {"proposal": "pr-17"}, {"proposal": {"tool": null}}]
 	every facts in inputs {
 		decision := review.decision with input as facts with data.capgate.catalogue as fixtures_test.catalogue
-		object.keys(decision) == {"allow", "reasons", "approvals_required", "catalogue_digest"}
+		object.keys(decision) == _decision_keys
 		decision.catalogue_digest == fixtures_test.digest
 		fixtures_test.review_summary(decision) == {"allow": false, "codes": {"unknown_tool"}}
 	}
 	every case in _deny_cases {
 		decision := review.decision with input as _facts(case) with data.capgate.catalogue as _catalogue(case)
-		object.keys(decision) == {"allow", "reasons", "approvals_required", "catalogue_digest"}
+		object.keys(decision) == _decision_keys
 		decision.allow == false
 		count(decision.reasons) > 0
 		every reason in decision.reasons {
