@@ -37,9 +37,13 @@ proposals listed           false     ``{"proposals": [{"proposal_id", "tool", "s
 one proposal shown         false     the listing's keys, ``params`` (untrusted data: an
                                      agent wrote it), ``digest_matches``, ``reviews``
                                      (each with the reviewer's ``comment`` or null),
+                                     ``quorum`` while it waits for more reviewers,
                                      ``outcome`` once dispatched
 a verdict recorded         false     ``{"status": "approved"|"rejected", "proposal_id",
-                                     "review_id", "expires_at", "decision_id"}``
+                                     "review_id", "expires_at", "decision_id"}``; an
+                                     approval short of the quorum has status
+                                     ``awaiting_quorum``, ``approvals`` and
+                                     ``approvals_required``
 decided already            true      ``{"error": "already_decided", "reason_codes"}``
 awaited, then refused      true      ``{"error": "proposal_rejected"|"proposal_blocked",
                                      "proposal_id", "reason_codes"}``
@@ -76,6 +80,7 @@ from capgate.gateway.errors import (
     cut,
 )
 from capgate.gateway.model.outcomes import Outcome
+from capgate.gateway.service.proposals import QuorumProgress
 from capgate.gateway.state.records import ProposalRecord, ReviewRecord
 
 if TYPE_CHECKING:
@@ -89,6 +94,7 @@ __all__ = [
     "proposal_answer",
     "proposal_view_answer",
     "proposals_answer",
+    "quorum_text",
     "refused_proposal_answer",
     "unknown_tool_answer",
     "verdict_answer",
@@ -246,6 +252,11 @@ def proposal_view_answer(view: ProposalView) -> Answer:
         }
         for r in view.reviews
     ]
+    if view.quorum is not None:
+        facts["quorum"] = {
+            "approvals": view.quorum.approvals,
+            "approvals_required": view.quorum.required,
+        }
     outcome = view.outcome()
     if outcome is not None:
         facts["outcome"] = outcome
@@ -276,22 +287,35 @@ def refused_proposal_answer(proposal: ProposalRecord) -> Answer:
     return Answer(text, facts, error=True)
 
 
-def verdict_answer(review: ReviewRecord) -> Answer:
-    """A verdict the review policy allowed, recorded."""
-    facts = {
+def verdict_answer(review: ReviewRecord, quorum: QuorumProgress | None = None) -> Answer:
+    """A verdict the review policy allowed, recorded. ``quorum``: the approval did not
+    complete the proposal's quorum, which stays pending (status ``awaiting_quorum``)."""
+    facts: dict[str, Any] = {
         "status": review.verdict.value,
         "proposal_id": review.proposal_id,
         "review_id": review.id,
         "expires_at": review.expires_at.isoformat(),
         "decision_id": review.decision_id,
     }
-    then = (
-        " An execution worker dispatches it, asking the policy again first."
-        if review.verdict.value == "approved"
-        else " It will not run."
-    )
+    if review.verdict.value != "approved":
+        then = " It will not run."
+    elif quorum is not None:
+        facts.update(
+            status="awaiting_quorum", approvals=quorum.approvals, approvals_required=quorum.required
+        )
+        then = f" {quorum_text(quorum)}; it stays pending until they have."
+    else:
+        then = " An execution worker dispatches it, asking the policy again first."
     text = f"Recorded: {review.verdict.value} {review.proposal_id} (review {review.id}).{then}"
     return Answer(text, facts, error=False)
+
+
+def quorum_text(quorum: QuorumProgress) -> str:
+    """A quorum's progress in words, the same on every front."""
+    return (
+        f"{quorum.approvals} of the {quorum.required} distinct reviewers it needs "
+        f"{'has' if quorum.approvals == 1 else 'have'} approved"
+    )
 
 
 def error_answer(error: CapgateError) -> Answer:

@@ -33,6 +33,7 @@ from capgate.gateway.errors import CapgateError, InvalidInput, ProposalStale, Un
 from capgate.gateway.model.comments import review_comment
 from capgate.gateway.model.facts import Identifier, Principal, Reviewer
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.proposals import QuorumProgress, quorum_progress
 from capgate.gateway.state.records import (
     ConnectionRecord,
     OperationRecord,
@@ -65,6 +66,9 @@ class ProposalView:
     #: sees whether the facts the proposal was made under still hold.
     connection_alias: str | None = None
     connection: ConnectionRecord | None = None
+    #: For a pending proposal that needs more than one reviewer, once one approved:
+    #: how many distinct people have, of how many the policy asks.
+    quorum: QuorumProgress | None = None
 
     def outcome(self) -> dict[str, Any] | None:
         """Once dispatched and settled: its status, the provider's receipt, attempts."""
@@ -136,6 +140,11 @@ class ReviewDesk:
             raise ProposalStale(proposal.id)
         return self.gateway.review(proposal.id, reviewer, verdict, comment=comment)
 
+    def progress(self, proposal_id: str) -> QuorumProgress | None:
+        """After an approval: how far the proposal is from its quorum, when it still
+        waits for more reviewers (None once approved, or for one that needs one)."""
+        return quorum_progress(self.gateway.store, proposal_id)
+
     # -- agents ------------------------------------------------------------------------------
 
     def own(self, principal: Principal, limit: int = MAX_LISTED) -> list[ProposalRecord]:
@@ -173,6 +182,7 @@ class ReviewDesk:
             operation=operation if proposal.status is ProposalStatus.DISPATCHED else None,
             connection_alias=alias,
             connection=connection,
+            quorum=quorum_progress(self.gateway.store, proposal.id),
         )
 
 

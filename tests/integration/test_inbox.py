@@ -40,6 +40,7 @@ from capgate.gateway.state.records import LedgerEntry
 from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.browser import launch_chromium, new_page
 from tests.integration.mcp_server_support import (
+    FINANCE_BOT,
     SALES_BOT,
     HttpServer,
     http_server,
@@ -60,7 +61,10 @@ TOKENS = {
     "mike": "mike-reviewer-token-33aa01",
     "sam": "sam-reviewer-token-5d5d5d",
     "gina": "gina-reviewer-token-9e9e9e",
+    "carl": "carl-controller-token-7c7c7c",
+    "dana": "dana-controller-token-4d4d4d",
 }
+FINANCE_TOKEN = "agent-token-finance-9f8e7d6c5b4a"
 QUOTE = {"opportunity_id": "opp-17", "amount_cents": 1200, "currency": "EUR"}
 HOSTILE = "<script>document.title='pwned'</script><b>bold?</b>"
 EMAIL = {
@@ -71,11 +75,11 @@ EMAIL = {
 }
 
 
-def person(name: str, tenant: str = "acme") -> dict[str, Any]:
+def person(name: str, tenant: str = "acme", role: str = "sales_manager") -> dict[str, Any]:
     return {
         "id": name,
         "name": name.title(),
-        "role": "sales_manager",
+        "role": role,
         "tenant": tenant,
         "token_sha256": token_digest(TOKENS[name]),
     }
@@ -88,9 +92,13 @@ def served(tmp_path: Path) -> Iterator[tuple[HttpServer, dict[str, Any]]]:
     agent = {**SALES_BOT, "principal": {**SALES_BOT["principal"], "acts_for": "sam"}}
     config = write_config(
         tmp_path / "serve.yaml",
-        http={"sales": (AGENT_TOKEN, agent)},
+        http={"sales": (AGENT_TOKEN, agent), "finance": (FINANCE_TOKEN, FINANCE_BOT)},
         extra={
-            "people": [person("maria"), person("mike"), person("sam"), person("gina", "globex")],
+            "people": [
+                *(person(name) for name in ("maria", "mike", "sam")),
+                person("gina", "globex"),
+                *(person(name, role="controller") for name in ("carl", "dana")),
+            ],
             "inbox": {"live_update_seconds": 0.5},
         },
     )
@@ -103,12 +111,14 @@ def inbox_url(server: HttpServer) -> str:
     return server.url.removesuffix("/mcp") + "/inbox"
 
 
-def agent(server: HttpServer, steps: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def agent(
+    server: HttpServer, steps: list[tuple[str, dict[str, Any]]], token: str = AGENT_TOKEN
+) -> list[dict[str, Any]]:
     """The agent's calls, in order, over one MCP session: each call's facts."""
 
     async def run() -> list[dict[str, Any]]:
         with anyio.fail_after(HANG_SECONDS):
-            async with http_session(server.url, AGENT_TOKEN) as client:
+            async with http_session(server.url, token) as client:
                 answers = []
                 for name, arguments in steps:
                     result = await client.call_tool(name, arguments)
@@ -119,12 +129,12 @@ def agent(server: HttpServer, steps: list[tuple[str, dict[str, Any]]]) -> list[d
     return elsewhere(run)
 
 
-def dispatched(server: HttpServer, proposal_id: str) -> dict[str, Any]:
+def dispatched(server: HttpServer, proposal_id: str, token: str = AGENT_TOKEN) -> dict[str, Any]:
     """The agent's view of its proposal once the worker dispatched it."""
 
     async def run() -> dict[str, Any]:
         with anyio.fail_after(HANG_SECONDS):
-            async with http_session(server.url, AGENT_TOKEN) as client:
+            async with http_session(server.url, token) as client:
                 while True:
                     status = await client.call_tool(
                         "capgate.proposals.status", {"proposal_id": proposal_id}
@@ -254,6 +264,41 @@ def test_a_reviewer_approves_in_the_browser_and_the_worker_sends_it_once(served)
     # Nothing of the content reached the server's log.
     assert "pwned" not in server.stderr
     assert TOKENS["maria"] not in server.stderr
+
+
+def test_the_inbox_shows_a_payment_waiting_for_its_second_controller(served):
+    server, state = served
+    base = inbox_url(server)
+    large = {
+        "invoice_id": "inv-9",
+        "amount_cents": 300_000,
+        "currency": "EUR",
+        "beneficiary": "DE44500105175407324931",
+    }
+    _, payment = agent(
+        server,
+        [("invoice.check_approval", {"invoice_id": "inv-9"}), ("payment.execute", large)],
+        token=FINANCE_TOKEN,
+    )
+    proposal_id = payment["proposal_id"]
+    with launch_chromium() as browser:
+        carl, dana = new_page(browser, base), new_page(browser, base)
+        sign_in(carl, base, "carl")
+        carl.goto(f"{base}/proposals/{proposal_id}")
+        assert carl.locator("#quorum").count() == 0  # nobody approved: no count claimed
+        flash = approve(carl, base, proposal_id, "First of two.")
+        assert "1 of the 2 distinct reviewers" in flash, flash
+        assert "dispatches" not in flash
+        assert "pending" in (carl.text_content("#status") or "")
+        assert "1 of the 2" in (carl.text_content("#quorum") or "")
+        shoot(carl, state["shots"], "quorum")
+
+        sign_in(dana, base, "dana")
+        assert "Approved" in approve(dana, base, proposal_id, "Second.")
+        assert dana.locator("#quorum").count() == 0
+    seen = dispatched(server, proposal_id, FINANCE_TOKEN)
+    assert seen["outcome"]["status"] == "success"
+    assert sorted(r["reviewer"] for r in seen["reviews"]) == ["carl", "dana"]
 
 
 class _Attacker(http.server.BaseHTTPRequestHandler):

@@ -33,6 +33,7 @@ from capgate.gateway.state.records import ProposalStatus
 from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
     CAPGATE,
+    FINANCE_BOT,
     LINKED,
     ROOT,
     SALES_BOT,
@@ -50,9 +51,11 @@ pytestmark = pytest.mark.integration
 QUOTE = {"opportunity_id": "opp-17", "amount_cents": 1200, "currency": "EUR"}
 
 
-def reviewer_binding(agent: str, tenant: str = "acme", **principal: Any) -> dict[str, Any]:
+def reviewer_binding(
+    agent: str, tenant: str = "acme", role: str = "sales_manager", **principal: Any
+) -> dict[str, Any]:
     return {
-        "principal": {"agent": agent, "role": "sales_manager", "tenant": tenant, **principal},
+        "principal": {"agent": agent, "role": role, "tenant": tenant, **principal},
         "task": {
             "type": "customer_quote",
             "id": f"task-review-{agent}",
@@ -75,6 +78,11 @@ def state(tmp_path: Path) -> dict[str, Any]:
         # Another agent, acting for the person the proposer acts for.
         "sam-helper": reviewer_binding("sam-helper", acts_for="SAM"),
         "gina": reviewer_binding("gina-bot", tenant="globex"),
+        "finance": FINANCE_BOT,
+        # Two controllers' assistants, for two different people: a payment above
+        # 2,000.00 needs both.
+        "carl": reviewer_binding("carl-bot", role="controller", acts_for="carl"),
+        "dana": reviewer_binding("dana-bot", role="controller", acts_for="dana"),
     }
     return {
         "store": store,
@@ -180,6 +188,55 @@ def test_a_binding_that_reviews_approves_over_mcp_and_the_agent_sees_it_dispatch
     ]
     assert rows[0].detail["reviewer_kind"] == "agent"
     assert rows[0].detail["authenticated_by"] == "stdio"
+
+
+def test_an_approval_short_of_the_quorum_says_so_over_mcp(state):
+    payment = {
+        "invoice_id": "inv-9",
+        "amount_cents": 300_000,
+        "currency": "EUR",
+        "beneficiary": "DE44500105175407324931",
+    }
+
+    async def test() -> None:
+        async with session(state, "finance", "--no-worker") as finance:
+            checked = await finance.call_tool("invoice.check_approval", {"invoice_id": "inv-9"})
+            assert checked.is_error is False, checked.content
+            proposal_id = facts(await finance.call_tool("payment.execute", payment))["proposal_id"]
+        async with session(state, "carl", "--no-worker") as carl:
+            shown = await carl.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            view = shown.structured_content or {}
+            assert "quorum" not in view  # nobody approved yet: no number is claimed
+            first = await carl.call_tool(
+                "capgate.reviews.approve",
+                {"proposal_id": proposal_id, "digest": view["params_digest"]},
+            )
+            assert first.is_error is False, first.content
+            said = facts(first)
+            assert (said["status"], said["approvals"], said["approvals_required"]) == (
+                "awaiting_quorum",
+                1,
+                2,
+            )
+            assert "dispatches" not in first.content[0].text  # type: ignore[union-attr]
+        async with session(state, "dana", "--no-worker") as dana:
+            shown = await dana.call_tool("capgate.reviews.show", {"proposal_id": proposal_id})
+            view = shown.structured_content or {}
+            assert view["quorum"] == {"approvals": 1, "approvals_required": 2}
+            second = await dana.call_tool(
+                "capgate.reviews.approve",
+                {"proposal_id": proposal_id, "digest": view["params_digest"]},
+            )
+            assert facts(second)["status"] == "approved"
+
+    bounded(test)
+    rows = [r for r in ledger(state["store"]) if r.kind == "review"]
+    assert [(r.outcome, r.detail["reviewer"]) for r in rows] == [
+        ("awaiting_quorum", "carl-bot"),
+        ("approved", "dana-bot"),
+    ]
+    with open_store(state["store"]) as store, store.transaction(read_only=True) as tx:
+        assert tx.get_dispatch(rows[-1].proposal_id) is not None
 
 
 def test_the_proposer_and_other_tenants_cannot_review_over_mcp(state):

@@ -47,6 +47,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from capgate.adapters.fronts.answers import quorum_text
 from capgate.adapters.fronts.desk import ProposalView, ReviewDesk
 from capgate.adapters.fronts.inbox.sessions import (
     LoginLimiter,
@@ -218,6 +219,7 @@ class Inbox:
             reviews=[_review(r) for r in view.reviews],
             outcome=view.outcome(),
             connection=_connection(view),
+            quorum=quorum_text(view.quorum) if view.quorum is not None else None,
             valid_until=_when(valid_until),
             approval_ttl=_duration(self.desk.gateway.approval_ttl.total_seconds()),
             version=_version([view.proposal], reviews=len(view.reviews)),
@@ -289,7 +291,17 @@ class Inbox:
         except InvalidInput as bad:
             session.flash = ("error", str(bad))
         else:
-            if review.verdict.value == "approved":
+            quorum = (
+                await _blocking(lambda: self.desk.progress(review.proposal_id))
+                if review.verdict.value == "approved"
+                else None
+            )
+            if quorum is not None:
+                session.flash = (
+                    "ok",
+                    f"Approval recorded. {quorum_text(quorum)}; it stays pending until they have.",
+                )
+            elif review.verdict.value == "approved":
                 session.flash = (
                     "ok",
                     "Approved. An execution worker dispatches it, asking the policy again first.",

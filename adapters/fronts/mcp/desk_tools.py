@@ -196,9 +196,9 @@ def _answer(
     proposal_id, digest, comment = _arguments(
         arguments, required=("proposal_id", "digest"), optional=("comment",)
     )
-    return verdict_answer(
-        desk.decide(reviewer, proposal_id, verdict, digest=digest, comment=comment)
-    )
+    review = desk.decide(reviewer, proposal_id, verdict, digest=digest, comment=comment)
+    quorum = desk.progress(review.proposal_id) if verdict is ReviewVerdict.APPROVED else None
+    return verdict_answer(review, quorum)
 
 
 def _arguments(

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from capgate.adapters.fronts.answers import quorum_text
 from capgate.adapters.fronts.mcp.config import load_config
 from capgate.cli.commands.common import (
     EXIT_DENIED,
@@ -68,6 +69,7 @@ from capgate.gateway.model.comments import MAX_COMMENT_CHARS, review_comment
 from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.proposals import quorum_progress
 from capgate.gateway.state.records import (
     OperationRecord,
     ProposalRecord,
@@ -388,9 +390,20 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
                 )
             except CapabilityViolation as refusal:
                 return _refused(args, proposal, reviewer, verdict, refusal)
+        quorum = quorum_progress(store, proposal_id) if verdict is ReviewVerdict.APPROVED else None
     digest = compile_catalogue(catalogue)["meta"]["digest"]
     if args.json:
-        print_json({"allow": True, "review": review.model_dump(mode="json"), "catalogue": digest})
+        answer: dict[str, Any] = {
+            "allow": True,
+            "review": review.model_dump(mode="json"),
+            "catalogue": digest,
+        }
+        if quorum is not None:
+            answer["quorum"] = {
+                "approvals": quorum.approvals,
+                "approvals_required": quorum.required,
+            }
+        print_json(answer)
         return EXIT_OK
     print(f"{verdict.value} {proposal_id} ({proposal.tool}): review {review.id}")
     print(f"  reviewer:  {_named(reviewer)}")
@@ -403,7 +416,11 @@ def _review(args: argparse.Namespace, verdict: ReviewVerdict) -> int:
             f"tenant {review.tenant}"
         )
         print(f"  expires:   {when(review.expires_at)}; good for one dispatch")
-        print(f"  next:      {_NEXT}")
+        if quorum is not None:
+            print(f"  quorum:    {quorum_text(quorum)}")
+            print("  next:      it stays pending until they have; then it is dispatched")
+        else:
+            print(f"  next:      {_NEXT}")
     return EXIT_OK
 
 
