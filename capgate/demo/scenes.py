@@ -50,6 +50,7 @@ from capgate.gateway.model.outcomes import OutcomeStatus
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.credentials import StaticCredentials
 from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.proposals import QuorumProgress, quorum_progress
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.service.worker import Worker, WorkerEvent
 from capgate.gateway.state import open_store
@@ -573,9 +574,13 @@ def _payment(trace: _Trace, gateway: Gateway, desk: SalesDesk) -> None:
     gateway.review(pending, _CONTROLLER, "approved")
     with gateway.store.transaction(read_only=True) as tx:
         waiting = tx.get_proposal(pending)
+    progress = quorum_progress(gateway.store, pending)
     trace.expect(
-        waiting is not None and waiting.status is ProposalStatus.PENDING,
-        "one controller approving (twice) is one approval: the proposal stays pending",
+        waiting is not None
+        and waiting.status is ProposalStatus.PENDING
+        and progress == QuorumProgress(approvals=1, required=2),
+        "one controller approving (twice) is one approval of the two the policy asks: "
+        "the proposal stays pending",
     )
     gateway.review(pending, _SECOND_CONTROLLER, "approved")
     paid = gateway.dispatch(pending)

@@ -41,7 +41,12 @@ from capgate.gateway.state.records import ProposalRecord, ProposalStatus
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import HANG_SECONDS
-from tests.integration.lifecycle_support import record_quote_evidence
+from tests.integration.lifecycle_support import (
+    FINANCE,
+    PAY_TASK,
+    PAYMENT,
+    record_quote_evidence,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +69,11 @@ EMAIL: dict[str, Any] = {
     "subject": "Your quote",
     "body": "Dear Ada,\nplease find our quote attached.",
 }
-SECRETS = {("acme", "sales_mailbox"): "cli-test-secret-5e1d", ("acme", "crm"): "cli-test-crm-77"}
+SECRETS = {
+    ("acme", "sales_mailbox"): "cli-test-secret-5e1d",
+    ("acme", "crm"): "cli-test-crm-77",
+    ("acme", "bank"): "cli-test-bank-31",
+}
 _CONFIGS = Path(tempfile.mkdtemp(prefix="capgate-cli-operators-"))
 atexit.register(shutil.rmtree, _CONFIGS, True)
 
@@ -753,6 +762,35 @@ def test_an_approval_from_the_cli_is_dispatched_once_by_the_service(world, capsy
     assert all(f"op={proposal.operation_id}" in line for line in out.splitlines())
     assert any(f"decision={review.decision_id}" in line for line in out.splitlines())
     assert len(world.desk.mailbox) == 1
+
+
+def test_an_approval_short_of_the_quorum_says_so_and_queues_nothing(world, capsys):
+    finance = AgentRequest.model_validate(
+        {"principal": FINANCE.model_dump(), "task": PAY_TASK, "environment": "production"}
+    )
+    world.gateway.call(finance, "invoice.check_approval", {"invoice_id": "inv-9"})
+    proposal = world.gateway.call(
+        finance, "payment.execute", {**PAYMENT, "amount_cents": 300_000}
+    )  # 3,000.00 EUR: two controllers
+    assert isinstance(proposal, ProposalRecord)
+    carl = as_operator("carl", "controller", "acme")
+    code, out, err = cli(capsys, "proposals", "approve", proposal.id, *carl, *world.review)
+    assert code == EXIT_OK, err
+    assert "  quorum:    1 of the 2 distinct reviewers it needs has approved" in out
+    assert "  next:      it stays pending until they have; then it is dispatched" in out
+    assert "an execution worker dispatches it" not in out
+    assert world.proposal(proposal.id).status is ProposalStatus.PENDING
+    with world.store.transaction(read_only=True) as tx:
+        assert tx.get_dispatch(proposal.id) is None
+
+    # The same person again, as JSON: still one of two.
+    code, out, _ = cli(capsys, "proposals", "approve", proposal.id, *carl, "--json", *world.review)
+    assert (code, json.loads(out)["quorum"]) == (EXIT_OK, {"approvals": 1, "approvals_required": 2})
+    dana = as_operator("dana", "controller", "acme")
+    code, out, _ = cli(capsys, "proposals", "approve", proposal.id, *dana, "--json", *world.review)
+    assert code == EXIT_OK
+    assert "quorum" not in json.loads(out)
+    assert world.proposal(proposal.id).status is ProposalStatus.APPROVED
 
 
 def test_a_rejection_is_final(world, capsys):
