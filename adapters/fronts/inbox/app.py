@@ -69,10 +69,12 @@ from capgate.gateway.errors import (
     UnknownProposal,
 )
 from capgate.gateway.model.facts import ConnectionStatus, Reviewer
+from capgate.gateway.service.proposals import person_of
 from capgate.gateway.state.records import (
     ProposalRecord,
     ProposalStatus,
     ReviewRecord,
+    ReviewVerdict,
 )
 
 __all__ = ["INBOX_PATH", "Inbox"]
@@ -220,6 +222,14 @@ class Inbox:
             outcome=view.outcome(),
             connection=_connection(view),
             quorum=quorum_text(view.quorum) if view.quorum is not None else None,
+            # Approving again would count once: the page says so instead of asking.
+            approved_already=view.quorum is not None
+            and any(
+                r.verdict is ReviewVerdict.APPROVED
+                and r.expires_at > datetime.now(UTC)
+                and person_of(r.reviewer) == person_of(session.reviewer)
+                for r in view.reviews
+            ),
             valid_until=_when(valid_until),
             approval_ttl=_duration(self.desk.gateway.approval_ttl.total_seconds()),
             version=_version([view.proposal], reviews=len(view.reviews)),
