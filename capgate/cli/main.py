@@ -25,6 +25,7 @@ live in :mod:`capgate.cli.commands`)::
     capgate connections list|add|variable|revoke|restore
     capgate budget show|set               a tenant's or a task's budget
     capgate proposals list|show|approve|reject
+    capgate tasks links|link|unlink       the resources linked to a task
     capgate ledger show|verify            the hash-chained ledger
     capgate mcp discover|pending|accept|reject   review upstream MCP tool definitions
 
@@ -63,6 +64,7 @@ from capgate.cli.commands import (
     mcp,
     policy_test,
     proposals,
+    tasks,
     tenants,
 )
 from capgate.cli.commands.common import (
@@ -282,6 +284,7 @@ def _parser() -> argparse.ArgumentParser:
 
     tenants.register(sub)
     connections.register(sub)
+    tasks.register(sub)
     budget.register(sub)
     proposals.register(sub)
     ledger.register(sub)

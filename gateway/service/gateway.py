@@ -53,6 +53,7 @@ from capgate.gateway.model.facts import (
     Identifier,
     Principal,
     ProposalRef,
+    ResourceRef,
     Reviewer,
     Stage,
     Task,
@@ -62,6 +63,7 @@ from capgate.gateway.service.connections import set_connection
 from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
 from capgate.gateway.service.facts import FactReader, execute_input
 from capgate.gateway.service.ledger import append, text_digest, who
+from capgate.gateway.service.links import link_resource, task_links, unlink_resource
 from capgate.gateway.service.operations import Operations
 from capgate.gateway.service.proposals import (
     DEFAULT_APPROVAL_TTL,
@@ -82,6 +84,7 @@ from capgate.gateway.state.records import (
     ProposalStatus,
     ReviewRecord,
     ReviewVerdict,
+    TaskLinkRecord,
 )
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
@@ -470,6 +473,23 @@ class Gateway:
         blocked: their facts changed, so they must be proposed again)."""
         return set_connection(self.store, self.catalogue, tenant, alias,
                               ConnectionStatus.ACTIVE, by=by)  # fmt: skip
+
+    def link_resource(
+        self, tenant: str, task_id: str, resource: ResourceRef | dict[str, Any], *, by: str
+    ) -> tuple[TaskLinkRecord, bool]:
+        """Link a resource to a tenant's task, ledgered, naming ``by``: the link and
+        whether this call made it (:func:`capgate.gateway.service.links.link_resource`)."""
+        return link_resource(self.store, tenant, task_id, resource, by=by)
+
+    def unlink_resource(
+        self, tenant: str, task_id: str, resource: ResourceRef | dict[str, Any], *, by: str
+    ) -> TaskLinkRecord | None:
+        """Remove a task's link, ledgered, naming ``by``; the link removed, or None."""
+        return unlink_resource(self.store, tenant, task_id, resource, by=by)
+
+    def task_links(self, tenant: str, task_id: str) -> list[TaskLinkRecord]:
+        """The resources linked to a tenant's task, by type and id."""
+        return task_links(self.store, tenant, task_id)
 
     def _proposal(self, proposal_id: str) -> ProposalRecord:
         return read_proposal(self.store, proposal_id)

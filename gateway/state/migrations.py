@@ -339,6 +339,24 @@ def _version_8(d: Dialect) -> list[str]:
     ]
 
 
+def _version_9(d: Dialect) -> list[str]:
+    """Task links the gateway owns: a resource linked to a task by someone, at some
+    time (``capgate tasks link``). Each link is one row, kept until it is unlinked;
+    the ledger keeps both acts."""
+    t = d.time_type
+    return [
+        f"""CREATE TABLE task_links (
+            tenant TEXT NOT NULL REFERENCES tenants (tenant),
+            task_id TEXT NOT NULL,
+            resource_type TEXT NOT NULL,
+            resource_id TEXT NOT NULL,
+            linked_by TEXT NOT NULL,
+            linked_at {t} NOT NULL,
+            PRIMARY KEY (tenant, task_id, resource_type, resource_id)
+        )""",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -351,6 +369,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "webhook notices: cursors, deliveries and attempts", _version_6),
     Migration(7, "reviews.comment, what a reviewer wrote beside the verdict", _version_7),
     Migration(8, "evidence about a subject, with an expiry", _version_8),
+    Migration(9, "task links the gateway owns", _version_9),
 )  # fmt: skip
 
 

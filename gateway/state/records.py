@@ -22,6 +22,7 @@ from capgate.gateway.model.facts import (
     EvidenceSubject,
     Identifier,
     Principal,
+    ResourceRef,
     Reviewer,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "ProposalStatus",
     "ReviewRecord",
     "ReviewVerdict",
+    "TaskLinkRecord",
     "TenantRecord",
     "VerifyReport",
     "definition_digest",
@@ -115,6 +117,18 @@ class ConnectionRecord(_Record):
     status: ConnectionStatus
     account: str = Field(min_length=1, max_length=256)
     updated_at: AwareDatetime
+
+
+class TaskLinkRecord(_Record):
+    """A resource linked to a task, and who linked it when: a fact the gateway holds,
+    which a request may narrow and never widen (``docs/lifecycle.md``)."""
+
+    tenant: Identifier
+    task_id: Identifier
+    resource: ResourceRef
+    #: Who linked it, as the ledger names people and agents (never a secret).
+    linked_by: str = Field(min_length=1, max_length=256)
+    linked_at: AwareDatetime
 
 
 class EvidenceRecord(_Record):

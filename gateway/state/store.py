@@ -44,7 +44,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from capgate.gateway.model.facts import ConnectionStatus, EvidenceSubject
+from capgate.gateway.model.facts import ConnectionStatus, EvidenceSubject, ResourceRef
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
@@ -63,6 +63,7 @@ from capgate.gateway.state.records import (
     ProposalRecord,
     ProposalStatus,
     ReviewRecord,
+    TaskLinkRecord,
     TenantRecord,
     VerifyReport,
 )
@@ -71,7 +72,7 @@ __all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
 #: claim given back); ``proposal_rows``, a ledger row naming a proposal appended (what
@@ -177,6 +178,25 @@ class Tx(Protocol):
 
     def evidence_records(self, tenant: str, task_id: str) -> list[EvidenceRecord]:
         """Every piece of evidence recorded for the task, by name and subject."""
+
+    # -- task links -------------------------------------------------------------------
+
+    def link_resource(
+        self, tenant: str, task_id: str, resource: ResourceRef, *, by: str
+    ) -> tuple[TaskLinkRecord, bool]:
+        """Link the resource to the task, once: the link and whether this call made it
+        (False: it was linked already, and the first link is returned unchanged).
+        ``UnknownTenant`` if there is no such tenant; InvalidInput past
+        :data:`~capgate.gateway.state.sql.links.MAX_LINKS` links on one task."""
+
+    def unlink_resource(
+        self, tenant: str, task_id: str, resource: ResourceRef
+    ) -> TaskLinkRecord | None:
+        """Remove the link; the link it removed, or None if there was none.
+        ``UnknownTenant`` if there is no such tenant."""
+
+    def task_links(self, tenant: str, task_id: str) -> list[TaskLinkRecord]:
+        """The task's links, by resource type and id."""
 
     # -- operations -------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ def _tenant(store: Store) -> None:
 
 
 def test_the_same_name_about_two_subjects_is_two_pieces(store: Store, clock: FakeClock):
-    assert store.schema_version() == SCHEMA_VERSION == 8
+    assert store.schema_version() == SCHEMA_VERSION >= 8
     _tenant(store)
     with store.transaction() as tx:
         nine = tx.record_evidence("acme", "t-1", "invoice_approved", source="op:1", subject=INV_9)

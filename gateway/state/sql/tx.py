@@ -14,6 +14,7 @@ from capgate.gateway.state.sql.connections import ConnectionsTx
 from capgate.gateway.state.sql.dispatches import DispatchesTx
 from capgate.gateway.state.sql.evidence import EvidenceTx
 from capgate.gateway.state.sql.ledger import LedgerTx
+from capgate.gateway.state.sql.links import LinksTx
 from capgate.gateway.state.sql.notices import NoticesTx
 from capgate.gateway.state.sql.operations import OperationsTx
 from capgate.gateway.state.sql.pins import PinsTx
@@ -27,6 +28,7 @@ class SqlTx(
     TenantsTx,
     ConnectionsTx,
     EvidenceTx,
+    LinksTx,
     OperationsTx,
     ProposalsTx,
     DispatchesTx,
