@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capgate.gateway.digest import canonical_json, digest_of
-from capgate.gateway.model.contracts import Catalogue, ToolContract
+from capgate.gateway.model.contracts import Catalogue, TaskLinks, TaskTypeSpec, ToolContract
 
 __all__ = ["catalogue_digest", "compile_catalogue", "compile_index"]
 
@@ -141,8 +141,7 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
     document: dict[str, Any] = {
         "tools": {name: _compile_tool(tool) for name, tool in sorted(catalogue.tools.items())},
         "task_types": {
-            name: {"tools": dict.fromkeys(spec.tools, True)}
-            for name, spec in sorted(catalogue.task_types.items())
+            name: _compile_task_type(spec) for name, spec in sorted(catalogue.task_types.items())
         },
         "budget_classes": {
             name: {"admits": {cost.value: True for cost in spec.admitted}}
@@ -164,3 +163,13 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
         "tool_count": len(catalogue.tools),
     }
     return document
+
+
+def _compile_task_type(spec: TaskTypeSpec) -> dict[str, Any]:
+    """A task type's tools; and where its links come from when that is the store, so
+    a switch to recorded links changes the digest (the request's, the default,
+    leaves documents compiled before it unchanged)."""
+    compiled: dict[str, Any] = {"tools": dict.fromkeys(spec.tools, True)}
+    if spec.links is not TaskLinks.REQUEST:
+        compiled["links"] = spec.links.value
+    return compiled

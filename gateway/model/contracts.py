@@ -49,6 +49,7 @@ __all__ = [
     "QuorumRule",
     "RequiredEvidence",
     "RoleSpec",
+    "TaskLinks",
     "TaskTypeSpec",
     "ToolContract",
     "UpstreamRef",
@@ -655,11 +656,23 @@ class RoleSpec(_Spec):
         return kinds
 
 
+class TaskLinks(StrEnum):
+    """Where a task's linked resources come from."""
+
+    #: The request's ``task.linked_resources``, as the caller (a service, a
+    #: binding's configuration) asserts them.
+    REQUEST = "request"
+    #: The links the gateway recorded for the task (``capgate tasks link``); a
+    #: request's own list may only narrow them.
+    RECORDED = "recorded"
+
+
 class TaskTypeSpec(_Spec):
     """A kind of task and the tools it may need; the ceiling of what a task sees."""
 
     description: Description
     tools: list[Identifier] = Field(default_factory=list)
+    links: TaskLinks = TaskLinks.REQUEST
 
 
 class BudgetClassSpec(_Spec):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from capgate.gateway.enforce.dispatcher import Dispatcher
 from capgate.gateway.enforce.grant import Prepared
 from capgate.gateway.errors import UnknownTenant
-from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.contracts import Catalogue, TaskLinks
 from capgate.gateway.model.facts import (
     Approval,
     Budget,
@@ -27,6 +27,7 @@ from capgate.gateway.model.facts import (
     OperationState,
     Principal,
     ProposalRef,
+    ResourceRef,
     Stage,
     Task,
 )
@@ -43,7 +44,7 @@ from capgate.gateway.state.store import Store, Tx
 from capgate.gateway.tools.definitions import SupportsDefinitions
 from capgate.gateway.tools.registry import ToolRegistry
 
-__all__ = ["CallFacts", "FactReader", "execute_input"]
+__all__ = ["CallFacts", "FactReader", "execute_input", "recorded_links"]
 
 log = logging.getLogger("capgate.service")
 
@@ -88,6 +89,10 @@ class FactReader:
             if isinstance(holder, SupportsDefinitions):
                 pinned.setdefault(id(holder), (holder, []))[1].append(name)
         self._pinned_adapters = list(pinned.values())
+        #: The task types whose links are the store's (``links: recorded``).
+        self._recorded_links = frozenset(
+            name for name, spec in catalogue.task_types.items() if spec.links is TaskLinks.RECORDED
+        )
 
     def compose(
         self,
@@ -103,6 +108,10 @@ class FactReader:
             raise UnknownTenant(principal.tenant)
         if connections is None:
             connections = tx.connections(principal.tenant)
+        if task.type in self._recorded_links:
+            task = task.model_copy(
+                update={"linked_resources": recorded_links(tx, principal.tenant, task)}
+            )
         return ComposeInput(
             principal=principal,
             task=task,
@@ -188,6 +197,20 @@ def execute_input(
         proposal=proposal,
         version=version,
     )
+
+
+def recorded_links(tx: Tx, tenant: str, task: Task) -> list[ResourceRef]:
+    """The resources the gateway has linked to the task, in ``tx``: all of them when
+    the request names none, else those the request names too. A request narrows
+    what it works on; a resource it names that is not linked is simply not there.
+    A task without an id has nothing linked."""
+    if task.id is None:
+        return []
+    linked = [link.resource for link in tx.task_links(tenant, task.id)]
+    if not task.linked_resources:
+        return linked
+    asked = {(r.type, r.id) for r in task.linked_resources}
+    return [r for r in linked if (r.type, r.id) in asked]
 
 
 def operation_state(record: OperationRecord | None) -> OperationState:

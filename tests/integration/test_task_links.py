@@ -4,24 +4,36 @@ Linking a resource to a task is a recorded act: one row per task and resource, w
 who linked it and when, and a ``task_link`` ledger row in the same transaction.
 Linking again keeps the first link and is recorded as ``already_linked``; two
 linking at once make one link; unlinking removes it (``unlinked``, or
-``not_linked`` when there was none). A tenant's links are its own: the same task id
-in another tenant has none of them. Bad input is refused naming the field, before
-anything is written; an unknown tenant writes nothing. The command line
+``not_linked`` when there was none). A task type with ``links: recorded`` works on
+the recorded links only, against a real OPA: a request may narrow them and never
+widen them, and a link removed after an approval blocks the dispatch. A tenant's
+links are its own: the same task id in another tenant has none of them. Bad input
+is refused naming the field, before anything is written; an unknown tenant writes
+nothing. The command line
 (``capgate tasks links|link|unlink``) goes through the same calls.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import yaml
 
 from capgate.cli.main import EXIT_ERROR, EXIT_OK, main
-from capgate.gateway.errors import InvalidInput, UnknownTenant
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.sales_desk import SalesDesk
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.errors import CapabilityViolation, InvalidInput, UnknownTenant
+from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.facts import ResourceRef
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.links import link_resource, task_links, unlink_resource
 from capgate.gateway.state import open_store
 from capgate.gateway.state.migrations import MIGRATIONS
@@ -29,8 +41,19 @@ from capgate.gateway.state.open import backend_for
 from capgate.gateway.state.sql import SqlStore
 from capgate.gateway.state.sql.links import MAX_LINKS
 from capgate.gateway.state.store import SCHEMA_VERSION, Store
+from tests.hang import ANSWER_TIMEOUT
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
+from tests.integration.lifecycle_support import (
+    CONTROLLER,
+    FINANCE,
+    PAY_TASK,
+    PAYMENT,
+    TENANT,
+    agent_request,
+    make_gateway,
+    seed,
+)
 from tests.integration.store_support import FakeClock, raw_query
 
 pytestmark = pytest.mark.integration
@@ -218,3 +241,91 @@ def test_the_command_line_links_lists_and_unlinks(store: Store, store_url: str, 
     assert code == EXIT_ERROR
     assert "initech" in err
     assert len(store.ledger()) == before
+
+
+# -- a task type whose links are the store's, against a real OPA ---------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded_catalogue(tmp_path_factory: pytest.TempPathFactory) -> Catalogue:
+    """The sales catalogue in which invoice payments work on the recorded links."""
+    folder = tmp_path_factory.mktemp("recorded") / "sales"
+    shutil.copytree(demo_catalogue_dir("sales"), folder)
+    path = folder / "task_types.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["task_types"]["invoice_payment"]["links"] = "recorded"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    return load_catalogue(folder)
+
+
+@pytest.fixture(scope="module")
+def recorded_sidecar(recorded_catalogue: Catalogue) -> Iterator[PolicySidecar]:
+    with PolicySidecar(recorded_catalogue, timeout=ANSWER_TIMEOUT) as running:
+        yield running
+
+
+@pytest.fixture
+def payments(
+    recorded_catalogue: Catalogue, recorded_sidecar: PolicySidecar, store_url: str
+) -> Iterator[tuple[Gateway, SalesDesk]]:
+    opened = open_store(store_url)
+    try:
+        seed(opened)
+        desk = SalesDesk()
+        yield make_gateway(recorded_catalogue, recorded_sidecar.client, opened, desk.tools()), desk
+    finally:
+        opened.close()
+
+
+def _check(gateway: Gateway, task: dict[str, Any], invoice: str) -> Any:
+    return gateway.call(agent_request(FINANCE, task), "invoice.check_approval",
+                        {"invoice_id": invoice})  # fmt: skip
+
+
+def test_a_recorded_task_works_on_what_was_linked_and_nothing_else(payments):
+    gateway, desk = payments
+    # The request names inv-9, as every finance request of the demo does: without a
+    # recorded link that names nothing the task may work on.
+    with pytest.raises(CapabilityViolation) as unlinked:
+        _check(gateway, PAY_TASK, "inv-9")
+    assert "subject_out_of_scope" in unlinked.value.reason_codes
+
+    gateway.link_resource(TENANT, "task-pay-9", INV_9, by="controller-carl")
+    assert _check(gateway, PAY_TASK, "inv-9").ok
+    # A request cannot widen the links: naming inv-10 does not make it linked.
+    wider = {**PAY_TASK, "linked_resources": [{"type": "invoice", "id": "inv-10"}]}
+    with pytest.raises(CapabilityViolation) as widened:
+        _check(gateway, wider, "inv-10")
+    assert "subject_out_of_scope" in widened.value.reason_codes
+    # It may narrow them: with inv-10 linked too, a request naming inv-9 alone
+    # cannot touch inv-10; one naming none works on every link.
+    gateway.link_resource(TENANT, "task-pay-9", {"type": "invoice", "id": "inv-10"}, by="carl")
+    with pytest.raises(CapabilityViolation):
+        _check(gateway, PAY_TASK, "inv-10")
+    everything = {key: value for key, value in PAY_TASK.items() if key != "linked_resources"}
+    before = len(desk.entered)
+    _check(gateway, everything, "inv-10")  # allowed: the books say inv-10 is not approved
+    assert desk.entered[before:] == ["invoice.check_approval"]
+
+
+def test_an_invoice_unlinked_after_the_approval_is_not_paid(payments):
+    gateway, desk = payments
+    gateway.link_resource(TENANT, "task-pay-9", INV_9, by="carl")
+    request = agent_request(FINANCE, PAY_TASK)
+    gateway.call(request, "invoice.check_approval", {"invoice_id": "inv-9"})
+    proposal = gateway.call(request, "payment.execute", PAYMENT)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    # The facts of the dispatch are the store's at that moment: the link is gone.
+    gateway.unlink_resource(TENANT, "task-pay-9", INV_9, by="carl")
+    with pytest.raises(CapabilityViolation) as blocked:
+        gateway.dispatch(proposal.id)
+    assert "subject_out_of_scope" in blocked.value.reason_codes
+    assert not desk.payments
+
+
+def test_links_as_the_source_change_the_catalogue_digest(recorded_catalogue: Catalogue):
+    sales = load_catalogue(demo_catalogue_dir("sales"))
+    ours = compile_catalogue(recorded_catalogue)
+    assert ours["task_types"]["invoice_payment"]["links"] == "recorded"
+    assert "links" not in compile_catalogue(sales)["task_types"]["invoice_payment"]
+    assert ours["meta"]["digest"] != compile_catalogue(sales)["meta"]["digest"]

@@ -24,6 +24,7 @@ from capgate.gateway.model.contracts import (
     ProducedEvidence,
     RequiredEvidence,
     RoleSpec,
+    TaskLinks,
     TaskTypeSpec,
     ToolContract,
 )
@@ -111,6 +112,7 @@ def test_public_surface_is_pinned() -> None:
         "QuorumRule",
         "RequiredEvidence",
         "RoleSpec",
+        "TaskLinks",
         "TaskTypeSpec",
         "ToolContract",
         "UpstreamRef",
@@ -959,3 +961,17 @@ def test_catalogue_built_in_code_checks_reviewers_and_evidence() -> None:
         budget_classes=budgets,
     )
     assert ok.runnable_names() == {"t.write", "t.read"}
+
+
+def test_a_task_type_takes_its_links_from_the_request_or_the_store(sales_dir: Path):
+    assert load_catalogue(sales_dir).task_types["invoice_payment"].links is TaskLinks.REQUEST
+    task_types = read(sales_dir, "task_types.yaml")
+    task_types["task_types"]["invoice_payment"]["links"] = "recorded"
+    write(sales_dir, "task_types.yaml", task_types)
+    assert load_catalogue(sales_dir).task_types["invoice_payment"].links is TaskLinks.RECORDED
+    task_types["task_types"]["invoice_payment"]["links"] = "whatever the agent says"
+    write(sales_dir, "task_types.yaml", task_types)
+    problem = only_problem(sales_dir)
+    assert problem.startswith("task_types.yaml: task type 'invoice_payment': field 'links': ")
+    assert "'request'" in problem
+    assert "'recorded'" in problem
