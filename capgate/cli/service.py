@@ -56,6 +56,7 @@ from capgate.gateway.service.gateway import Gateway, StepTiming
 from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices.notifier import Notifier
 from capgate.gateway.service.recovery import Reconciler
+from capgate.gateway.service.versions import pin_contracts
 from capgate.gateway.service.worker import Worker, WorkerEvent
 from capgate.gateway.state.store import Store
 from capgate.gateway.tools.registry import ToolRegistry
@@ -212,10 +213,14 @@ def start_gateway(
     on_exchange: Callable[[Exchange], None] | None = None,
     on_step: Callable[[StepTiming], None] | None = None,
 ) -> Started:
-    """Attach the upstream servers, start OPA, build the gateway, reconcile what a
+    """Pin the catalogue's contract versions (:mod:`capgate.gateway.service.versions`),
+    attach the upstream servers, start OPA, build the gateway, reconcile what a
     previous process left open, and keep reconciling; all closed with ``stack``.
     Each decision is logged, and told to ``observers`` (the metrics), as are each
     round trip to OPA (``on_exchange``) and each step's time (``on_step``)."""
+    # Before anything starts: a contract changed under a version the store has served
+    # stops the start here, naming the version to give it.
+    pin_contracts(store, catalogue)
     if parts.upstreams:  # servers start at their first call, and stop with the stack
         try:
             from capgate.adapters.tools.mcp import McpTools

@@ -22,7 +22,7 @@ from typing import Any
 from capgate.gateway.digest import canonical_json, digest_of
 from capgate.gateway.model.contracts import Catalogue, TaskLinks, TaskTypeSpec, ToolContract
 
-__all__ = ["catalogue_digest", "compile_catalogue", "compile_index"]
+__all__ = ["catalogue_digest", "compile_catalogue", "compile_index", "contract_digest"]
 
 
 def catalogue_digest(document: Mapping[str, Any]) -> str:
@@ -42,6 +42,22 @@ def catalogue_digest(document: Mapping[str, Any]) -> str:
     except (TypeError, ValueError, RecursionError):
         return digest_of(canonical_json(body))
     return digest_of(text.encode("utf-8"))
+
+
+def contract_digest(tool: ToolContract) -> str:
+    """``sha256:<hex>`` of what one contract version stands for: its compiled form
+    (what the policies read) and its input and output schemas (what passes before
+    OPA is asked, and what a result must be). The description stays out, so
+    rewording a contract needs no new version."""
+    return digest_of(
+        canonical_json(
+            {
+                "compiled": _compile_tool(tool),
+                "input_schema": tool.input_schema,
+                "output_schema": tool.output_schema,
+            }
+        )
+    )
 
 
 def _compile_tool(tool: ToolContract) -> dict[str, Any]:

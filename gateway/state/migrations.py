@@ -357,6 +357,22 @@ def _version_9(d: Dialect) -> list[str]:
     ]
 
 
+def _version_10(d: Dialect) -> list[str]:
+    """Contract versions pinned to their content: the digest each tool's contract
+    version was first served with, so that a contract changed under the same
+    version is refused at start (``capgate.gateway.service.versions``)."""
+    t = d.time_type
+    return [
+        f"""CREATE TABLE contract_pins (
+            tool TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            pinned_at {t} NOT NULL,
+            PRIMARY KEY (tool, version)
+        )""",
+    ]
+
+
 #: Every step, in order; the last one's version is :data:`SCHEMA_VERSION`.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tenants, budgets, connections, evidence, operations, proposals, "
@@ -370,6 +386,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "reviews.comment, what a reviewer wrote beside the verdict", _version_7),
     Migration(8, "evidence about a subject, with an expiry", _version_8),
     Migration(9, "task links the gateway owns", _version_9),
+    Migration(10, "contract versions pinned to their content", _version_10),
 )  # fmt: skip
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "BeginStatus",
     "BudgetState",
     "ConnectionRecord",
+    "ContractPin",
     "Digest",
     "DispatchJob",
     "DispatchStatus",
@@ -117,6 +118,17 @@ class ConnectionRecord(_Record):
     status: ConnectionStatus
     account: str = Field(min_length=1, max_length=256)
     updated_at: AwareDatetime
+
+
+class ContractPin(_Record):
+    """The content a tool's contract version was first served with: the digest of
+    its compiled contract (what the policies read of it), kept so that the same
+    version number can never come back meaning something else."""
+
+    tool: Identifier
+    version: int = Field(ge=1)
+    digest: Digest
+    pinned_at: AwareDatetime
 
 
 class TaskLinkRecord(_Record):

@@ -48,6 +48,7 @@ from capgate.gateway.model.facts import ConnectionStatus, EvidenceSubject, Resou
 from capgate.gateway.state.records import (
     BudgetState,
     ConnectionRecord,
+    ContractPin,
     DispatchJob,
     DispatchStatus,
     EvidenceRecord,
@@ -72,7 +73,7 @@ __all__ = ["CHANNELS", "SCHEMA_VERSION", "Channel", "Listener", "Store", "Tx"]
 
 #: The schema version this code writes. A store at a lower version is migrated on
 #: open; a store at a higher one (written by a newer capgate) is refused.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: What a listener can wait for: ``dispatch``, a proposal queued for dispatch (or a
 #: claim given back); ``proposal_rows``, a ledger row naming a proposal appended (what
@@ -178,6 +179,16 @@ class Tx(Protocol):
 
     def evidence_records(self, tenant: str, task_id: str) -> list[EvidenceRecord]:
         """Every piece of evidence recorded for the task, by name and subject."""
+
+    # -- contract versions ------------------------------------------------------------
+
+    def pin_contract(self, tool: str, version: int, digest: str) -> tuple[ContractPin, bool]:
+        """Pin the tool's version to ``digest`` unless it is pinned already: the pin,
+        and whether this call made it (False: the first pin stands, whatever
+        ``digest`` is; the caller compares)."""
+
+    def contract_pins(self) -> list[ContractPin]:
+        """Every pin, by tool and version."""
 
     # -- task links -------------------------------------------------------------------
 

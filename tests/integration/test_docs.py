@@ -49,6 +49,9 @@ info string                        rule
                                    ending in ``...`` is a prefix of the real problem.
 ``text catalogue-error-format``    every real problem that names a field (from the
                                    mistakes above) matches this ``<placeholder>`` shape.
+``text contract-version-refused``  produced for real by pinning the demo's sales catalogue
+                                   in a fresh store and starting again with the block's
+                                   tool let in for one more role, the time aside.
 ``yaml serve-config``              a ``capgate serve`` configuration: accepted by
                                    ``fronts.mcp.config.parse_config``, and its ``tools``
                                    entry points import and give adapters.
@@ -152,6 +155,7 @@ from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
 from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices import NoticeSettings
 from capgate.gateway.service.notices.events import event_id, notice_body
+from capgate.gateway.service.versions import pin_contracts
 from capgate.gateway.service.worker import Worker
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
@@ -232,6 +236,7 @@ RULES: dict[str, Callable[[Block], bool]] = {
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
+    "contract-version-refused": lambda b: b.lang == "text" and b.tag == "contract-version-refused",
     "serve-config": lambda b: b.lang == "yaml" and b.tag == "serve-config",
     "mcp-client": lambda b: b.lang == "json" and b.tag == "mcp-client",
     "mcp-tool-result": lambda b: b.lang == "json" and b.tag == "mcp-tool-result",
@@ -614,6 +619,37 @@ def test_catalogue_error_format_matches_real_problems(mistake_problems: dict[str
         pattern = re.sub(r"<[^>]+>", ".+", re.escape(shape))
         for problem in with_field:
             assert re.fullmatch(pattern, problem), f"{block}: {problem}"
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("contract-version-refused"), ids=ids(blocks_of("contract-version-refused"))
+)
+def test_a_contract_version_refusal_is_real(block: Block, tmp_path: Path):
+    (line,) = filter(None, block.text.splitlines())
+    tool = re.match(r"tools\.yaml: tool '([^']+)'", line)
+    assert tool, f"{block}: names no tool"
+    sales = load_catalogue(demo_catalogue_dir("sales"))
+    contract = sales.tools[tool.group(1)]
+    others = [role for role in sorted(sales.roles) if role not in contract.roles]
+    changed = Catalogue.model_validate(
+        {
+            **dict(sales),
+            "tools": {
+                **sales.tools,
+                contract.name: contract.model_copy(update={"roles": [*contract.roles, others[0]]}),
+            },
+        }
+    )
+    store = open_store(str(tmp_path / "state.db"))
+    try:
+        pin_contracts(store, sales)
+        with pytest.raises(CatalogueError) as refused:
+            pin_contracts(store, changed)
+    finally:
+        store.close()
+    (problem,) = refused.value.problems
+    when = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"
+    assert re.sub(when, "<time>", problem) == re.sub(when, "<time>", line), block
 
 
 # ------------------------------------------------------------ capgate serve

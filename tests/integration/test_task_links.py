@@ -83,7 +83,7 @@ def _link_rows(store: Store) -> list[tuple[Any, ...]]:
 
 
 def test_a_link_is_recorded_once_with_who_and_when(store: Store, clock: FakeClock):
-    assert store.schema_version() == SCHEMA_VERSION == 9
+    assert store.schema_version() == SCHEMA_VERSION >= 9
     _tenants(store)
     link, made = link_resource(store, "acme", "task-pay-9", INV_9, by="maria")
     assert made is True

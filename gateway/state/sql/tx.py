@@ -20,6 +20,7 @@ from capgate.gateway.state.sql.operations import OperationsTx
 from capgate.gateway.state.sql.pins import PinsTx
 from capgate.gateway.state.sql.proposals import ProposalsTx
 from capgate.gateway.state.sql.tenants import TenantsTx
+from capgate.gateway.state.sql.versions import VersionsTx
 
 __all__ = ["SqlTx"]
 
@@ -33,6 +34,7 @@ class SqlTx(
     ProposalsTx,
     DispatchesTx,
     PinsTx,
+    VersionsTx,
     NoticesTx,
     LedgerTx,
 ):

@@ -1,0 +1,65 @@
+"""Contract versions pinned to their content: a version number means one contract.
+
+A tool's contract carries a version, and proposals, approvals and the ledger name
+it. If the content behind a number could change, a proposal approved under
+version 1 would be dispatched under something else that is also called version 1.
+So the first time a gateway serves a contract version, its content digest
+(:func:`~capgate.gateway.catalogue.compile.contract_digest`) is pinned in the
+store; a later start with other content under a pinned number is refused, naming
+the version to give it instead, and nothing is pinned by that start. New versions
+are pinned beside the old ones, each with a ledger row.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from capgate.gateway.catalogue.compile import contract_digest
+from capgate.gateway.errors import CatalogueError
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.state.records import ContractPin, LedgerEntry
+from capgate.gateway.state.store import Store
+from capgate.gateway.state.times import to_text
+
+__all__ = ["pin_contracts"]
+
+log = logging.getLogger("capgate.service")
+
+
+def pin_contracts(store: Store, catalogue: Catalogue) -> list[ContractPin]:
+    """Pin every contract version of ``catalogue`` not pinned yet, in one transaction;
+    the pins it made. CatalogueError, with one problem per tool, when a pinned
+    version's content changed: then nothing is pinned."""
+    problems: list[str] = []
+    made: list[ContractPin] = []
+    with store.transaction() as tx:
+        newest: dict[str, int] = {}
+        for pin in tx.contract_pins():
+            newest[pin.tool] = max(newest.get(pin.tool, 0), pin.version)
+        for name, contract in sorted(catalogue.tools.items()):
+            digest = contract_digest(contract)
+            pin, new = tx.pin_contract(name, contract.version, digest)
+            if new:
+                made.append(pin)
+            elif pin.digest != digest:
+                bump = max(newest.get(name, 0), contract.version) + 1
+                problems.append(
+                    f"tools.yaml: tool {name!r}: field 'version': version {contract.version} "
+                    f"was first served on {to_text(pin.pinned_at)} with other content; a "
+                    f"changed contract needs a new version: give it version {bump}"
+                )
+        if problems:
+            raise CatalogueError(problems)  # the transaction is rolled back: no pin made
+        for pin in made:
+            tx.append(
+                LedgerEntry(
+                    kind="contract_pin",
+                    tool=pin.tool,
+                    contract_version=pin.version,
+                    outcome="pinned",
+                    detail={"digest": pin.digest},
+                )
+            )
+    for pin in made:
+        log.info("contract pinned tool=%s version=%d digest=%s", pin.tool, pin.version, pin.digest)
+    return made
