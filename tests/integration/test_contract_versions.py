@@ -11,13 +11,14 @@ refuses to start on such a catalogue before OPA is started.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from capgate.cli.main import EXIT_ERROR, main
+from capgate.cli.main import EXIT_ERROR
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.catalogue.compile import contract_digest
@@ -25,8 +26,10 @@ from capgate.gateway.errors import CatalogueError
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.service.versions import pin_contracts
 from capgate.gateway.state.store import SCHEMA_VERSION, Store
+from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
+from tests.integration.mcp_server_support import CAPGATE, server_env
 from tests.integration.store_support import FakeClock
 
 pytestmark = pytest.mark.integration
@@ -121,7 +124,7 @@ def test_a_reworded_description_needs_no_new_version(store: Store, tmp_path: Pat
 
 
 def test_the_worker_refuses_to_start_on_a_changed_contract(
-    store: Store, store_url: str, tmp_path: Path, capsys
+    store: Store, store_url: str, tmp_path: Path
 ):
     with store.transaction() as tx:
         tx.put_tenant("acme", budget_class="standard", budget_limit=None)
@@ -131,9 +134,16 @@ def test_the_worker_refuses_to_start_on_a_changed_contract(
     config = tmp_path / "worker.yaml"
     config.write_text("tools: capgate.demo.tools.sales_desk:SalesDesk\n", encoding="utf-8")
     config.chmod(0o600)
-    status = main(["worker", "--catalogue", str(folder), "--store", store_url,
-                   "--config", str(config)])  # fmt: skip
-    _, err = capsys.readouterr()
-    assert status == EXIT_ERROR
-    assert "tool 'quote.prepare_send': field 'version': version 1" in err
-    assert "give it version 2" in err
+    # In a process of its own, as an operator runs it (its logging set-up stays there).
+    done = subprocess.run(
+        [str(CAPGATE), "worker", "--catalogue", str(folder), "--store", store_url,
+         "--config", str(config)],
+        env=server_env(tmp_path / "record.jsonl"),
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == EXIT_ERROR, done.stderr
+    assert "tool 'quote.prepare_send': field 'version': version 1" in done.stderr
+    assert "give it version 2" in done.stderr
