@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from capgate.gateway.errors import quote
+from capgate.gateway.errors import InvalidInput, quote
 
 __all__ = [
     "Approval",
@@ -52,6 +52,7 @@ __all__ = [
     "ReviewerKind",
     "Stage",
     "Task",
+    "checked_identifier",
 ]
 
 #: Names of tools, roles, aliases, environments ...: short, printable, no spaces.
@@ -60,6 +61,17 @@ Identifier = Annotated[
 ]
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 _NAME_RULE: Final = "1 to 128 letters, digits and _ . : / -, starting with a letter or digit"
+
+
+def checked_identifier(value: object, what: str) -> str:
+    """``value`` if it is an :data:`Identifier`, else InvalidInput naming ``what``:
+    the one check of a bare name (a tenant, a task id) before anything reads it."""
+    if isinstance(value, str) and _IDENTIFIER.fullmatch(value):
+        return value
+    raise InvalidInput(
+        f"{what}: {quote(value)} is not an identifier (1 to 128 of A-Z a-z 0-9 _ . : / -, "
+        "starting with a letter or digit)"
+    )
 
 
 @functools.cache

@@ -17,18 +17,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from capgate.gateway.errors import InvalidInput, quote
-from capgate.gateway.model.facts import Identifier, ResourceRef
+from capgate.gateway.model.facts import ResourceRef, checked_identifier
 from capgate.gateway.state.records import LedgerEntry, TaskLinkRecord
 from capgate.gateway.state.store import Store
 
 __all__ = ["link_resource", "resource_ref", "task_links", "unlink_resource"]
 
 log = logging.getLogger("capgate.service")
-
-_IDENTIFIER: TypeAdapter[str] = TypeAdapter(Identifier)
 
 
 def link_resource(
@@ -63,8 +61,8 @@ def unlink_resource(
 
 def task_links(store: Store, tenant: str, task_id: str) -> list[TaskLinkRecord]:
     """The task's links, by resource type and id."""
-    tenant = _identifier(tenant, "tenant")
-    task_id = _identifier(task_id, "task")
+    tenant = checked_identifier(tenant, "tenant")
+    task_id = checked_identifier(task_id, "task")
     with store.transaction(read_only=True) as tx:
         return tx.task_links(tenant, task_id)
 
@@ -80,17 +78,11 @@ def resource_ref(text: str) -> ResourceRef:
 def _checked(
     tenant: str, task_id: str, resource: ResourceRef | dict[str, Any]
 ) -> tuple[str, str, ResourceRef]:
-    return _identifier(tenant, "tenant"), _identifier(task_id, "task"), _resource(resource)
-
-
-def _identifier(value: object, field: str) -> str:
-    try:
-        return _IDENTIFIER.validate_python(value)
-    except ValidationError:
-        raise InvalidInput(
-            f"{field}: {quote(str(value), 80)} is not an identifier (1 to 128 letters, "
-            "digits and _ . : / -, starting with a letter or digit)"
-        ) from None
+    return (
+        checked_identifier(tenant, "tenant"),
+        checked_identifier(task_id, "task"),
+        _resource(resource),
+    )
 
 
 def _resource(resource: object) -> ResourceRef:

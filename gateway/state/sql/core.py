@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from capgate.gateway.digest import canonical_json
 from capgate.gateway.errors import InvalidInput, StoreError, UnknownTenant, quote
-from capgate.gateway.model.facts import Identifier
+from capgate.gateway.model.facts import checked_identifier
 from capgate.gateway.state.backend import Dialect, LockName, Session, wire_channel
 from capgate.gateway.state.migrations import read_version
 from capgate.gateway.state.records import MAX_AMOUNT, OperationRecord
@@ -42,7 +42,8 @@ from capgate.gateway.state.times import from_text, to_text
 __all__ = ["TxCore"]
 
 _M = TypeVar("_M", bound=BaseModel)
-_IDENTIFIER: Final = TypeAdapter(Identifier)
+#: The name check every aggregate applies to a bare tenant, task or id argument.
+_identifier = checked_identifier
 
 _TENANT_COLUMNS: Final = "tenant, budget_class, budget_limit, reserved, spent"
 
@@ -67,16 +68,6 @@ def _stored(model: type[_M], data: Mapping[str, Any], what: str) -> _M:
         raise StoreError(
             f"a stored {what} does not validate (field(s) {', '.join(fields) or '?'}): "
             "the database was changed outside capgate or is damaged"
-        ) from None
-
-
-def _identifier(value: object, what: str) -> str:
-    try:
-        return _IDENTIFIER.validate_python(value)
-    except ValidationError:
-        raise InvalidInput(
-            f"{what}: {quote(value)} is not an identifier (1 to 128 of A-Z a-z 0-9 _ . : / -, "
-            "starting with a letter or digit)"
         ) from None
 
 
