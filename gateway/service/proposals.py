@@ -276,8 +276,8 @@ class Proposals:
         """One round of :meth:`review`: read the proposal and who has approved it, ask
         OPA, record. _Stale when the approvals changed between the asking and the
         recording, so that the quorum OPA decided is the one the store holds."""
-        standing = standing_approvers(self.store, proposal_id)
-        proposal = read_proposal(self.store, proposal_id)
+        proposal = read_proposal(self.store, proposal_id)  # the id checked first
+        standing = standing_approvers(self.store, proposal.id)
         contract = self.catalogue.tools.get(proposal.tool)
         facts = ReviewInput.model_validate(
             {
