@@ -72,6 +72,7 @@ __all__ = [
     "Plan",
     "Provider",
     "RecordingDecider",
+    "SeededEvidence",
     "Tally",
     "TenantSeed",
     "World",
@@ -405,6 +406,11 @@ class Provider:
 # == the world: a gateway over a real store ==========================================
 
 
+#: A piece of evidence seeded for a task: a name (about nothing in particular), or a
+#: name with what it is about.
+SeededEvidence = str | tuple[str, EvidenceSubject]
+
+
 @dataclass(frozen=True)
 class TenantSeed:
     """What an operator set up for one tenant before the agents came."""
@@ -413,11 +419,8 @@ class TenantSeed:
     budget_limit: int | None = None
     #: alias -> status ("active", "disabled", "revoked")
     connections: Mapping[str, str] = field(default_factory=dict)
-    #: task id -> evidence already recorded for it: a name (about nothing in
-    #: particular), or a name with what it is about
-    evidence: Mapping[str, tuple[str | tuple[str, EvidenceSubject], ...]] = field(
-        default_factory=dict
-    )
+    #: task id -> evidence already recorded for it
+    evidence: Mapping[str, tuple[SeededEvidence, ...]] = field(default_factory=dict)
 
 
 def account_of(tenant: str, alias: str) -> str:

@@ -110,6 +110,7 @@ from tests.fuzz.harness import (
     Plan,
     Provider,
     RecordingDecider,
+    SeededEvidence,
     Tally,
     TenantSeed,
     World,
@@ -456,15 +457,13 @@ class Lab:
         """A fresh store: acme's limit and the evidence its tasks have drawn."""
         # Evidence about what the calls of the pool are about: the quote's recipient
         # (by its digest, as contact.verify_email records it) and the paid invoice.
-        quote_evidence: tuple[str | tuple[str, EvidenceSubject], ...] = (
+        quote_evidence: tuple[SeededEvidence, ...] = (
             "communication_permission",
             "current_quote_revision",
             ("verified_recipient", _RECIPIENT_VERIFIED),
         )
 
-        def some(
-            pieces: tuple[str | tuple[str, EvidenceSubject], ...],
-        ) -> tuple[str | tuple[str, EvidenceSubject], ...]:
+        def some(pieces: tuple[SeededEvidence, ...]) -> tuple[SeededEvidence, ...]:
             return tuple(piece for piece in pieces if not draw(one_in(4)))  # most of them
 
         connections = dict.fromkeys(ALIASES, "active")
