@@ -4,7 +4,7 @@ usage: .venv/bin/python scripts/input-schemas.py DIR
 
 The gateway sends OPA what its pydantic models dump (``to_opa``), so the models are
 the one definition of each input's shape. This writes their serialisation schemas
-as DIR/compose.json, DIR/execute.json and DIR/review.json, which the policies name
+as DIR/compose.json, DIR/execute.json, DIR/review.json and DIR/link.json, which the policies name
 in their METADATA (``schemas: - input: schema.execute``), and the policy gate checks
 every policy against them (``opa check --strict --schema DIR``): a policy that reads
 an input field no model has, or reads one as the wrong type, fails the gate, and so
@@ -20,10 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, LinkInput, ReviewInput
 
 #: The schema id each policy input is known by (DIR/<id>.json), and its model.
-INPUTS = {"compose": ComposeInput, "execute": ExecuteInput, "review": ReviewInput}
+INPUTS = {
+    "compose": ComposeInput,
+    "execute": ExecuteInput,
+    "review": ReviewInput,
+    "link": LinkInput,
+}
 
 
 def main() -> int:

@@ -44,6 +44,10 @@ a verdict recorded         false     ``{"status": "approved"|"rejected", "propos
                                      approval short of the quorum has status
                                      ``awaiting_quorum``, ``approvals`` and
                                      ``approvals_required``
+a task's link changed      false     ``{"status": "linked"|"already_linked"|"unlinked"|
+                                     "not_linked", "task_id", "resource": {"type", "id"},
+                                     "linked_by", "linked_at"}`` (the last two when a link
+                                     stands or was removed)
 decided already            true      ``{"error": "already_decided", "reason_codes"}``
 awaited, then refused      true      ``{"error": "proposal_rejected"|"proposal_blocked",
                                      "proposal_id", "reason_codes"}``
@@ -79,9 +83,10 @@ from capgate.gateway.errors import (
     UnknownTenant,
     cut,
 )
+from capgate.gateway.model.facts import ResourceRef
 from capgate.gateway.model.outcomes import Outcome
 from capgate.gateway.service.proposals import QuorumProgress
-from capgate.gateway.state.records import ProposalRecord, ReviewRecord
+from capgate.gateway.state.records import ProposalRecord, ReviewRecord, TaskLinkRecord
 
 if TYPE_CHECKING:
     from capgate.adapters.fronts.desk import ProposalView
@@ -90,6 +95,7 @@ __all__ = [
     "Answer",
     "error_answer",
     "internal_answer",
+    "link_answer",
     "outcome_answer",
     "proposal_answer",
     "proposal_view_answer",
@@ -307,6 +313,32 @@ def verdict_answer(review: ReviewRecord, quorum: QuorumProgress | None = None) -
     else:
         then = " An execution worker dispatches it, asking the policy again first."
     text = f"Recorded: {review.verdict.value} {review.proposal_id} (review {review.id}).{then}"
+    return Answer(text, facts, error=False)
+
+
+def link_answer(
+    action: str, task_id: str, resource: ResourceRef, link: TaskLinkRecord | None, changed: bool
+) -> Answer:
+    """A task's links after an agent's ``link`` or ``unlink``: what changed, if anything."""
+    if action == "link":
+        status = "linked" if changed else "already_linked"
+    else:
+        status = "unlinked" if changed else "not_linked"
+    facts: dict[str, Any] = {
+        "status": status,
+        "task_id": task_id,
+        "resource": {"type": resource.type, "id": resource.id},
+    }
+    if link is not None:
+        facts["linked_by"] = link.linked_by
+        facts["linked_at"] = link.linked_at.isoformat()
+    what = f"{resource.type}:{resource.id}"
+    text = {
+        "linked": f"Linked {what} to task {task_id}.",
+        "already_linked": f"{what} was linked to task {task_id} already; nothing changed.",
+        "unlinked": f"Unlinked {what} from task {task_id}.",
+        "not_linked": f"{what} was not linked to task {task_id}; nothing changed.",
+    }[status]
     return Answer(text, facts, error=False)
 
 

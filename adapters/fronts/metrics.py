@@ -55,7 +55,9 @@ BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 #: The questions and steps that are labels (anything else is ``other``).
-_QUESTIONS: Final = frozenset({"compose", "execute", "review", "explain", "catalogue", "query"})
+_QUESTIONS: Final = frozenset(
+    {"compose", "execute", "review", "link", "explain", "catalogue", "query"}
+)
 _STEPS: Final = frozenset({"compose", "execute", "review", "dispatch"})
 _RESULTS: Final = frozenset({"ok", "denied", "error"})
 _STATUSES: Final = frozenset({"success", "refused", "retryable", "unknown"})

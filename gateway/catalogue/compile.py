@@ -20,7 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from capgate.gateway.digest import canonical_json, digest_of
-from capgate.gateway.model.contracts import Catalogue, TaskLinks, TaskTypeSpec, ToolContract
+from capgate.gateway.model.contracts import (
+    Catalogue,
+    RoleSpec,
+    TaskLinks,
+    TaskTypeSpec,
+    ToolContract,
+)
 
 __all__ = ["catalogue_digest", "compile_catalogue", "compile_index", "contract_digest"]
 
@@ -163,10 +169,7 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
             name: {"admits": {cost.value: True for cost in spec.admitted}}
             for name, spec in sorted(catalogue.budget_classes.items())
         },
-        "roles": {
-            name: {"approves": {kind.value: True for kind in spec.approves}}
-            for name, spec in sorted(catalogue.roles.items())
-        },
+        "roles": {name: _compile_role(spec) for name, spec in sorted(catalogue.roles.items())},
         "index": compile_index(catalogue),
     }
     if catalogue.currencies is not None:
@@ -179,6 +182,16 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
         "tool_count": len(catalogue.tools),
     }
     return document
+
+
+def _compile_role(spec: RoleSpec) -> dict[str, Any]:
+    """A role as the review and link policies read it. ``links`` only when the role
+    links something: a catalogue that links nothing compiles (and digests) as it did
+    before roles could link."""
+    compiled: dict[str, Any] = {"approves": {kind.value: True for kind in spec.approves}}
+    if spec.links:
+        compiled["links"] = dict.fromkeys(spec.links, True)
+    return compiled
 
 
 def _compile_task_type(spec: TaskTypeSpec) -> dict[str, Any]:

@@ -642,11 +642,15 @@ class RoleSpec(_Spec):
 
     Tools grant themselves to roles by name. ``approves`` lists the approval kinds
     someone in this role may give when reviewing a proposal; the review policy
-    reads it, and a role without it approves nothing.
+    reads it, and a role without it approves nothing. ``links`` lists the resource
+    types an agent in this role may link to (or unlink from) another task than its
+    own, over MCP (``capgate.tasks.link``); the link policy reads it, and a role
+    without it links nothing.
     """
 
     description: Description
     approves: list[ApprovalKind] = Field(default_factory=list)
+    links: list[Identifier] = Field(default_factory=list, max_length=64)
 
     @field_validator("approves")
     @classmethod

@@ -26,6 +26,7 @@ __all__ = [
     "ComposeExplanation",
     "ExecuteDecision",
     "ExecuteExplanation",
+    "LinkDecision",
     "Obligation",
     "Reason",
     "ReviewDecision",
@@ -219,6 +220,17 @@ class ReviewDecision(_Provenance):
     reasons: list[Reason]
     approvals_required: int = Field(default=1, ge=1, le=64)
     quorum_met: bool = False
+
+    @property
+    def reason_codes(self) -> list[str]:
+        return sorted(r.code for r in self.reasons)
+
+
+class LinkDecision(_Provenance):
+    """Answer of ``capgate/link``: may this agent change this task's links?"""
+
+    allow: bool
+    reasons: list[Reason]
 
     @property
     def reason_codes(self) -> list[str]:

@@ -42,6 +42,9 @@ __all__ = [
     "EvidenceSubject",
     "ExecuteInput",
     "Identifier",
+    "LinkInput",
+    "LinkRequest",
+    "LinkingTask",
     "OperationState",
     "Principal",
     "ProposalRef",
@@ -382,6 +385,36 @@ class ReviewInput(_Facts):
     reviewer: Reviewer
     proposal: ReviewProposal
     verdict: Identifier
+
+    def to_opa(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class LinkRequest(_Facts):
+    """The change an agent asks for: link (or unlink) ``resource`` to the task
+    ``task_id`` of its own tenant (the gateway never links in another)."""
+
+    action: Literal["link", "unlink"]
+    task_id: Identifier
+    resource: ResourceRef
+
+
+class LinkingTask(_Facts):
+    """The task the asking agent works in, as its binding says (never an argument):
+    the link policy refuses a change to that task's own links."""
+
+    id: Identifier
+    type: Identifier
+
+
+class LinkInput(_Facts):
+    """Input of ``capgate/link``: may this agent make this change to a task's links?"""
+
+    principal: Principal
+    #: How the front established who the agent is (``token:<binding>``, ``stdio``).
+    authenticated_by: str = Field(min_length=1, max_length=300, pattern=r"^[\x21-\x7e]+$")
+    task: LinkingTask
+    link: LinkRequest
 
     def to_opa(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

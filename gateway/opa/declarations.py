@@ -161,8 +161,14 @@ def declared_obligations(policies_dir: Path | None = None) -> dict[str, str]:
 
 
 #: The order the table lists the packages' checks in: compose's, the tool check every
-#: question about a tool makes, the call-time checks, the review checks.
-_TABLE_ORDER = ("capgate.visibility", "capgate.reasons", "capgate.execute", "capgate.review")
+#: question about a tool makes, the call-time checks, the review checks, the link checks.
+_TABLE_ORDER = (
+    "capgate.visibility",
+    "capgate.reasons",
+    "capgate.execute",
+    "capgate.review",
+    "capgate.link",
+)
 
 
 def markdown_table(policies_dir: Path | None = None) -> str:

@@ -43,6 +43,7 @@ from capgate.gateway.model.decisions import (
     ComposeExplanation,
     ExecuteDecision,
     ExecuteExplanation,
+    LinkDecision,
     ReviewDecision,
 )
 
@@ -72,6 +73,7 @@ Decided = TypeVar(
     ComposeDecision,
     ExecuteDecision,
     ReviewDecision,
+    LinkDecision,
     ComposeExplanation,
     ExecuteExplanation,
 )

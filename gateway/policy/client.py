@@ -6,7 +6,7 @@ an answer means. Every way an answer can be missing, malformed or ambiguous ends
 :class:`capgate.gateway.errors.PolicyUnavailable`, so the dispatcher sees either a
 validated decision or a refusal, and a broken OPA can never be read as an allow::
 
-    PolicyClient.compose / execute / review / explain_* / query / catalogue_digest
+    PolicyClient.compose / execute / review / link / explain_* / query / catalogue_digest
     ├── OPA not reached, or not in time        -> PolicyUnavailable (edge.Edge.ask)
     ├── an answer that is not a usable one     -> PolicyUnavailable (answer.parse_answer)
     ├── pinned bundle revision not the one     -> PolicyUnavailable (answer.check_revision)
@@ -52,10 +52,11 @@ from capgate.gateway.model.decisions import (
     ComposeExplanation,
     ExecuteDecision,
     ExecuteExplanation,
+    LinkDecision,
     ReviewDecision,
     policy_revision,
 )
-from capgate.gateway.model.facts import ComposeInput, ExecuteInput, ReviewInput
+from capgate.gateway.model.facts import ComposeInput, ExecuteInput, LinkInput, ReviewInput
 from capgate.gateway.model.reasons import with_reasons
 from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.policy.answer import Decided, Envelope, check_catalogue, validate
@@ -74,6 +75,7 @@ __all__ = [
     "EXECUTE_PATH",
     "EXPLAIN_COMPOSE_PATH",
     "EXPLAIN_EXECUTE_PATH",
+    "LINK_PATH",
     "REVIEW_PATH",
     "Exchange",
     "PolicyClient",
@@ -83,6 +85,7 @@ __all__ = [
 COMPOSE_PATH: Final = "capgate/compose/decision"
 EXECUTE_PATH: Final = "capgate/execute/decision"
 REVIEW_PATH: Final = "capgate/review/decision"
+LINK_PATH: Final = "capgate/link/decision"
 EXPLAIN_COMPOSE_PATH: Final = "capgate/explain/compose"
 EXPLAIN_EXECUTE_PATH: Final = "capgate/explain/execute"
 CATALOGUE_DIGEST_PATH: Final = "capgate/catalogue/meta/digest"
@@ -93,6 +96,7 @@ _QUESTIONS: Final = {
     COMPOSE_PATH: "compose",
     EXECUTE_PATH: "execute",
     REVIEW_PATH: "review",
+    LINK_PATH: "link",
     EXPLAIN_COMPOSE_PATH: "explain",
     EXPLAIN_EXECUTE_PATH: "explain",
     CATALOGUE_DIGEST_PATH: "catalogue",
@@ -301,6 +305,11 @@ class PolicyClient:
         """May this reviewer give this verdict on this proposal? One query."""
         answer = self._query(REVIEW_PATH, facts.to_opa())
         return self._decision(REVIEW_PATH, ReviewDecision, answer)
+
+    def link(self, facts: LinkInput) -> LinkDecision:
+        """May this agent change this task's links? One query."""
+        answer = self._query(LINK_PATH, facts.to_opa())
+        return self._decision(LINK_PATH, LinkDecision, answer)
 
     def query(self, path: str, input: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """POST ``input`` to ``/v1/data/<path>``; return ``(result, decision_id)``.

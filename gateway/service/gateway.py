@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -63,7 +63,13 @@ from capgate.gateway.service.connections import set_connection
 from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
 from capgate.gateway.service.facts import FactReader, execute_input
 from capgate.gateway.service.ledger import append, text_digest, who
-from capgate.gateway.service.links import link_resource, task_links, unlink_resource
+from capgate.gateway.service.links import (
+    AgentLink,
+    agent_link,
+    link_resource,
+    task_links,
+    unlink_resource,
+)
 from capgate.gateway.service.operations import Operations
 from capgate.gateway.service.proposals import (
     DEFAULT_APPROVAL_TTL,
@@ -486,6 +492,18 @@ class Gateway:
     ) -> TaskLinkRecord | None:
         """Remove a task's link, ledgered, naming ``by``; the link removed, or None."""
         return unlink_resource(self.store, tenant, task_id, resource, by=by)
+
+    def agent_link(
+        self,
+        request: AgentRequest,
+        action: Literal["link", "unlink"],
+        task_id: str,
+        resource: ResourceRef | dict[str, Any],
+    ) -> AgentLink:
+        """An agent changes another task's links, if the link policy lets it: the
+        link and whether this call changed anything; a refusal is a ledger row and a
+        CapabilityViolation (:func:`capgate.gateway.service.links.agent_link`)."""
+        return agent_link(self.store, self.policy, _request(request), action, task_id, resource)
 
     def task_links(self, tenant: str, task_id: str) -> list[TaskLinkRecord]:
         """The resources linked to a tenant's task, by type and id."""

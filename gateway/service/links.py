@@ -9,22 +9,40 @@ such (``already_linked``, ``not_linked``).
 
 Operators link from the command line (``capgate tasks link``) and services through
 :class:`~capgate.gateway.service.gateway.Gateway`; both are trusted callers, so no
-policy is asked here.
+policy is asked for them. An agent links over MCP (``capgate.tasks.link``) through
+:func:`agent_link`, which asks the link policy first (``capgate/link``: may its role
+link this type of resource, and is the task another than its own?) and records a
+refusal as a ``task_link`` row of outcome ``refused``, with its reason codes. The
+agent, its role, tenant and own task come from its authenticated binding (an
+:class:`~capgate.gateway.service.requests.AgentRequest`), never from the arguments;
+the link is made in the agent's own tenant, and nothing is written before the
+policy allows.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from capgate.gateway.errors import InvalidInput, quote
-from capgate.gateway.model.facts import ResourceRef, checked_identifier
+from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.model.decisions import LinkDecision, policy_revision
+from capgate.gateway.model.facts import LinkInput, ResourceRef, checked_identifier
+from capgate.gateway.service.ledger import append, who
+from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import LedgerEntry, TaskLinkRecord
 from capgate.gateway.state.store import Store
 
-__all__ = ["link_resource", "resource_ref", "task_links", "unlink_resource"]
+__all__ = [
+    "AgentLink",
+    "LinkPolicy",
+    "agent_link",
+    "link_resource",
+    "resource_ref",
+    "task_links",
+    "unlink_resource",
+]
 
 log = logging.getLogger("capgate.service")
 
@@ -57,6 +75,72 @@ def unlink_resource(
         removed = tx.unlink_resource(tenant, task_id, ref)
         tx.append(_row(tenant, task_id, ref, by, "unlinked" if removed else "not_linked"))
     return removed
+
+
+@runtime_checkable
+class LinkPolicy(Protocol):
+    """A policy client that answers the link question (``PolicyClient`` does)."""
+
+    def link(self, facts: LinkInput) -> LinkDecision: ...
+
+
+AgentLink = tuple[TaskLinkRecord | None, bool]
+
+
+def agent_link(
+    store: Store,
+    policy: object,
+    request: AgentRequest,
+    action: Literal["link", "unlink"],
+    task_id: str,
+    resource: ResourceRef | dict[str, Any],
+) -> AgentLink:
+    """An agent links ``resource`` to (or unlinks it from) a task of its tenant, if
+    the link policy allows: the link (for ``unlink``, the one removed, or None) and
+    whether this call changed anything.
+
+    InvalidInput naming the field before OPA is asked; PolicyUnavailable when the
+    policy cannot answer (or is not a :class:`LinkPolicy`: nothing is linked without
+    an answer); CapabilityViolation with the policy's reasons when it refuses,
+    recorded as a ``refused`` row; UnknownTenant for a tenant the store lacks.
+    """
+    tenant, task_id, ref = _checked(request.tenant, task_id, resource)
+    if not isinstance(policy, LinkPolicy):
+        raise PolicyUnavailable("the policy client cannot answer the link question")
+    facts = LinkInput.model_validate(
+        {
+            "principal": request.principal,
+            "authenticated_by": request.authenticated_by or "library",
+            "task": {"id": request.task_id, "type": request.task.type},
+            "link": {"action": action, "task_id": task_id, "resource": ref},
+        }
+    )
+    decision = policy.link(facts)
+    by = who(request.principal)
+    asked = {
+        "decision_id": decision.decision_id,
+        "policy_revision": policy_revision(decision.bundle_revisions),
+        "authenticated_by": facts.authenticated_by,
+    }
+    if not decision.allow or decision.reasons:
+        append(store, _row(tenant, task_id, ref, by, "refused", decision.reason_codes, **asked))
+        if decision.allow:  # an allow with reasons contradicts itself: refuse it
+            raise PolicyUnavailable("OPA returned an inconsistent link allow")
+        raise CapabilityViolation(
+            f"capgate.tasks.{action}", decision.reasons, decision_id=decision.decision_id
+        )
+    link: TaskLinkRecord | None
+    with store.transaction() as tx:
+        if action == "link":
+            link, made = tx.link_resource(tenant, task_id, ref, by=by)
+            outcome = "linked" if made else "already_linked"
+        else:
+            link = tx.unlink_resource(tenant, task_id, ref)
+            made, outcome = link is not None, "unlinked" if link is not None else "not_linked"
+        tx.append(_row(tenant, task_id, ref, by, outcome, [], **asked))
+    log.info("task %s by agent tenant=%s task=%s resource=%s:%s by=%s outcome=%s", action,
+             tenant, task_id, ref.type, ref.id, by, outcome)  # fmt: skip
+    return link, made
 
 
 def task_links(store: Store, tenant: str, task_id: str) -> list[TaskLinkRecord]:
@@ -98,11 +182,28 @@ def _resource(resource: object) -> ResourceRef:
         ) from None
 
 
-def _row(tenant: str, task_id: str, ref: ResourceRef, by: str, outcome: str) -> LedgerEntry:
+def _row(
+    tenant: str,
+    task_id: str,
+    ref: ResourceRef,
+    by: str,
+    outcome: str,
+    reason_codes: list[str] | None = None,
+    *,
+    decision_id: str | None = None,
+    policy_revision: str | None = None,
+    authenticated_by: str | None = None,
+) -> LedgerEntry:
+    """A ``task_link`` row; an agent's carries the link decision and how the agent
+    was authenticated (an operator's or a service's asks no policy)."""
+    asked = {"authenticated_by": authenticated_by} if authenticated_by else {}
     return LedgerEntry(
         kind="task_link",
         tenant=tenant,
         principal=by,
         outcome=outcome,
-        detail={"task_id": task_id, "resource": {"type": ref.type, "id": ref.id}},
+        reason_codes=reason_codes or [],
+        decision_id=decision_id,
+        policy_revision=policy_revision,
+        detail={"task_id": task_id, "resource": {"type": ref.type, "id": ref.id}, **asked},
     )

@@ -219,6 +219,38 @@ def ledger(store: str) -> list[LedgerEntry]:
         opened.close()
 
 
+def stdio_state(
+    tmp_path: Path, store: str, bindings: Mapping[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """What a test of several ``--stdio`` sessions on one store needs: the store, a
+    configuration per binding name, the record of what ran and the servers' stderr."""
+    return {
+        "store": store,
+        "configs": {
+            name: write_config(tmp_path / f"{name}.yaml", stdio=bound)
+            for name, bound in bindings.items()
+        },
+        "record": tmp_path / "record.jsonl",
+        "errlog": tmp_path / "stderr.log",
+    }
+
+
+def outcome_facts(result: Any) -> dict[str, Any]:
+    """The facts of a ``tools/call`` answer (``_meta["capgate/outcome"]``)."""
+    return dict((result.meta or {})["capgate/outcome"])
+
+
+def bounded(test: Any, seconds: float = HANG_SECONDS) -> None:
+    """Run the async ``test``, failing it after ``seconds``: a bound on a hang, never
+    a measure of speed."""
+
+    async def run() -> None:
+        with anyio.fail_after(seconds):
+            await test()
+
+    anyio.run(run)
+
+
 LINKED = [
     {"type": "contact", "id": "c-42"},
     {"type": "contact", "id": "c-77"},

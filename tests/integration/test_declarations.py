@@ -79,7 +79,9 @@ def test_every_declared_check_reads_the_same_in_opa_and_in_python():
     from_python = [(check.package, as_declared(check)) for check in declared_checks()]
     key = lambda pair: (pair[0], pair[1]["check"])  # noqa: E731
     assert sorted(from_python, key=key) == sorted(from_opa, key=key)
-    assert len(from_python) == 25  # the review policy's "authenticated" check among them
+    assert (
+        len(from_python) == 28
+    )  # the review policy's "authenticated" and the link checks among them
     assert (
         declared_obligations()
         == obligations

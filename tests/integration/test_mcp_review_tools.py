@@ -30,20 +30,24 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from capgate.cli.main import main
 from capgate.gateway.state import open_store
 from capgate.gateway.state.records import ProposalStatus
-from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
+from tests.hang import INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
     CAPGATE,
     FINANCE_BOT,
     LINKED,
     ROOT,
     SALES_BOT,
+    bounded,
     ledger,
     records,
     seed_store,
     serve_args,
     server_env,
     stdio_session,
-    write_config,
+    stdio_state,
+)
+from tests.integration.mcp_server_support import (
+    outcome_facts as facts,
 )
 
 pytestmark = pytest.mark.integration
@@ -84,33 +88,13 @@ def state(tmp_path: Path) -> dict[str, Any]:
         "carl": reviewer_binding("carl-bot", role="controller", acts_for="carl"),
         "dana": reviewer_binding("dana-bot", role="controller", acts_for="dana"),
     }
-    return {
-        "store": store,
-        "configs": {
-            name: write_config(tmp_path / f"{name}.yaml", stdio=bound)
-            for name, bound in bindings.items()
-        },
-        "record": tmp_path / "record.jsonl",
-        "errlog": tmp_path / "stderr.log",
-    }
+    return stdio_state(tmp_path, store, bindings)
 
 
 def session(state: dict[str, Any], who: str, *extra: str) -> Any:
     return stdio_session(
         state["store"], state["configs"][who], state["record"], state["errlog"], extra=extra
     )
-
-
-def facts(result: Any) -> dict[str, Any]:
-    return dict((result.meta or {})["capgate/outcome"])
-
-
-def bounded(test: Any) -> None:
-    async def run() -> None:
-        with anyio.fail_after(HANG_SECONDS):
-            await test()
-
-    anyio.run(run)
 
 
 def test_a_binding_that_reviews_approves_over_mcp_and_the_agent_sees_it_dispatched(state):

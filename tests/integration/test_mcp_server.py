@@ -49,6 +49,7 @@ from tests.integration.mcp_server_support import (
     SUPPORT_BOT,
     Mode,
     RecordingDesk,
+    bounded,
     hold_slow,
     ledger,
     listed_names,
@@ -124,14 +125,6 @@ def session(state: dict[str, Any], who: str = "sales", mode: Mode = "legacy", **
     return stdio_session(
         state["store"], state["configs"][who], state["record"], state["errlog"], mode=mode, **kw
     )
-
-
-def bounded(test: Any) -> None:
-    async def run() -> None:
-        with anyio.fail_after(BOUND):
-            await test()
-
-    anyio.run(run)
 
 
 # ------------------------------------------------------------------ tools/list

@@ -35,6 +35,7 @@ from tests.integration.mcp_server_support import (
     RecordingDesk,
     bearer,
     binding,
+    bounded,
     hold_slow,
     http_server,
     http_session,
@@ -97,14 +98,6 @@ def expected(served: dict[str, Any], sales_sidecar: PolicySidecar) -> dict[str, 
         }
     finally:
         store.close()
-
-
-def bounded(test: Any) -> None:
-    async def run() -> None:
-        with anyio.fail_after(BOUND):
-            await test()
-
-    anyio.run(run)
 
 
 def names(result: types.ListToolsResult) -> list[str]:

@@ -93,6 +93,7 @@ def test_the_sources_are_found():
         "capgate.visibility",
         "capgate.execute",
         "capgate.review",
+        "capgate.link",
         "capgate.reasons",
     }
 

@@ -16,6 +16,9 @@ catalogue tool of that prefix):
 ``capgate.reviews.reject``     its digest: ``stale`` when that is not the content
                                now, ``already_decided`` when someone decided first;
                                an optional ``comment`` is kept with the verdict
+``capgate.tasks.link``         a caller whose role lists resource types it may link
+``capgate.tasks.unlink``       (``links``): link a resource to another task of its
+                               tenant, or unlink it, if the link policy allows
 =============================  ===================================================
 
 The reviewer is the caller's own binding, as the review policy sees it
@@ -23,7 +26,10 @@ The reviewer is the caller's own binding, as the review policy sees it
 the binding was authenticated): never a name in the arguments. Whether the review
 tools are listed is a convenience read from the catalogue (does the caller's role
 approve any kind of approval?); every verdict is the review policy's to allow, and
-the same agent that proposed a call is refused as ``self_review``. The answers are
+the same agent that proposed a call is refused as ``self_review``. Likewise the link
+tools are listed for a role with ``links``, and every change is the link policy's to
+allow (``capgate/link``): the caller's own tenant, role and task are its binding's, so
+it can neither link in another tenant nor widen the task it works in. The answers are
 the fronts' shared ones (:mod:`capgate.adapters.fronts.answers`), rendered by
 :func:`~capgate.adapters.fronts.mcp.results.tool_result` like every other answer.
 """
@@ -31,13 +37,14 @@ the fronts' shared ones (:mod:`capgate.adapters.fronts.answers`), rendered by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import mcp_types as types
 
 from capgate.adapters.fronts.answers import (
     Answer,
     error_answer,
+    link_answer,
     proposal_view_answer,
     proposals_answer,
     verdict_answer,
@@ -46,17 +53,19 @@ from capgate.adapters.fronts.desk import ReviewDesk
 from capgate.gateway.errors import CapgateError, InvalidInput, quote
 from capgate.gateway.model.comments import MAX_COMMENT_CHARS
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import Principal, Reviewer
+from capgate.gateway.model.facts import Principal, ResourceRef, Reviewer
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import ReviewVerdict
 
 __all__ = [
     "APPROVE",
     "DESK_PREFIX",
+    "LINK",
     "PENDING",
     "REJECT",
     "SHOW",
     "STATUS",
+    "UNLINK",
     "desk_answer",
     "desk_tools",
 ]
@@ -68,6 +77,8 @@ PENDING: Final = "capgate.reviews.pending"
 SHOW: Final = "capgate.reviews.show"
 APPROVE: Final = "capgate.reviews.approve"
 REJECT: Final = "capgate.reviews.reject"
+LINK: Final = "capgate.tasks.link"
+UNLINK: Final = "capgate.tasks.unlink"
 
 _ID: Final = {
     "type": "string",
@@ -80,6 +91,18 @@ _DIGEST: Final = {
     "pattern": "^sha256:[0-9a-f]{64}$",
     "description": "the params_digest of the proposal as capgate.reviews.show showed it",
 }
+_NAME_RULE: Final = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
+}
+_TASK_ID: Final = {**_NAME_RULE, "description": "the id of the task whose links change"}
+_RESOURCE_TYPE: Final = {
+    **_NAME_RULE,
+    "description": "the resource's type, one your role may link (repository, invoice...)",
+}
+_RESOURCE_ID: Final = {**_NAME_RULE, "description": "the resource's id (inv-9, repo-api...)"}
 _COMMENT: Final = {
     "type": "string",
     "maxLength": MAX_COMMENT_CHARS,
@@ -146,7 +169,28 @@ _REVIEW_TOOLS: Final = (
         ["proposal_id", "digest"],
     ),
 )
-DESK_NAMES: Final = frozenset({STATUS, *(tool.name for tool in _REVIEW_TOOLS)})
+_LINK_ARGUMENTS: Final = {
+    "task_id": _TASK_ID,
+    "resource_type": _RESOURCE_TYPE,
+    "resource_id": _RESOURCE_ID,
+}
+_LINK_TOOLS: Final = (
+    _tool(
+        LINK,
+        "Link a resource to a task of your tenant, so that the task's tools may work on "
+        "it, if the link policy lets your role link that type of resource. Never the "
+        "task you work in yourself. Linking what is linked already changes nothing.",
+        _LINK_ARGUMENTS,
+        list(_LINK_ARGUMENTS),
+    ),
+    _tool(
+        UNLINK,
+        "Unlink a resource from a task of your tenant, on the same terms as linking it.",
+        _LINK_ARGUMENTS,
+        list(_LINK_ARGUMENTS),
+    ),
+)
+DESK_NAMES: Final = frozenset({STATUS, *(tool.name for tool in (*_REVIEW_TOOLS, *_LINK_TOOLS))})
 
 
 def may_review(catalogue: Catalogue, principal: Principal) -> bool:
@@ -156,9 +200,20 @@ def may_review(catalogue: Catalogue, principal: Principal) -> bool:
     return role is not None and bool(role.approves)
 
 
+def may_link(catalogue: Catalogue, principal: Principal) -> bool:
+    """Whether the caller's role lists resource types it may link (the link tools are
+    listed then; the link policy decides every change all the same)."""
+    role = catalogue.roles.get(principal.role)
+    return role is not None and bool(role.links)
+
+
 def desk_tools(catalogue: Catalogue, principal: Principal) -> list[types.Tool]:
     """The server's own tools this caller is shown."""
-    return [_STATUS_TOOL, *(_REVIEW_TOOLS if may_review(catalogue, principal) else ())]
+    return [
+        _STATUS_TOOL,
+        *(_REVIEW_TOOLS if may_review(catalogue, principal) else ()),
+        *(_LINK_TOOLS if may_link(catalogue, principal) else ()),
+    ]
 
 
 def desk_tool(catalogue: Catalogue, principal: Principal, name: str) -> types.Tool | None:
@@ -185,6 +240,13 @@ def _answer(
         if proposal_id is None:
             return proposals_answer(desk.own(principal), "you proposed, newest first")
         return proposal_view_answer(desk.own_one(principal, proposal_id))
+    if name in (LINK, UNLINK):
+        task_id, kind, ident = _arguments(arguments, required=tuple(_LINK_ARGUMENTS), optional=())
+        action: Literal["link", "unlink"] = "link" if name == LINK else "unlink"
+        resource = {"type": kind, "id": ident}
+        # The gateway's own act, as any front would ask it: the link policy decides.
+        link, changed = desk.gateway.agent_link(request, action, task_id, resource)
+        return link_answer(action, task_id, ResourceRef.model_validate(resource), link, changed)
     reviewer = Reviewer.of_agent(principal, authenticated_by=request.authenticated_by or "mcp")
     if name == PENDING:
         _arguments(arguments, required=(), optional=())

@@ -9,11 +9,12 @@
 #   nothing that names a person, a tenant, a business object or a value derived from
 #   a call's parameters: the decision id, path and bundle revision (OPA's own fields);
 #   of the input, only catalogue vocabulary (tool, version, operation id, role, task
-#   type, environment, budget class, stage, statuses, verdict); of the result, the
-#   allow, the reason codes, the visible tool names and the catalogue digest. The
-#   rest (principal agent and tenant, subject, linked resources, the parameters'
-#   digest, the approval whole, evidence, connections, budget amounts, proposal and
-#   task ids, reason messages, obligation parameters) is erased: the gateway's
+#   type, environment, budget class, stage, statuses, verdict, a link's action); of
+#   the result, the allow, the reason codes, the visible tool names and the
+#   catalogue digest. The rest (principal agent and tenant, subject, linked
+#   resources, the resource a link names, the parameters' digest, the approval
+#   whole, evidence, connections, budget amounts, proposal and task ids, reason
+#   messages, obligation parameters) is erased: the gateway's
 #   ledger records the same decision id with the facts that the store holds.
 #
 #   It is an allow-list: an input field or a decision path not named here is erased
@@ -99,6 +100,11 @@ _inputs := {
 		"proposal": ["tool", "status"],
 		"verdict": "scalar",
 	},
+	"capgate/link/decision": {
+		"principal": ["role"],
+		"task": ["type"],
+		"link": ["action"],
+	},
 	"capgate/catalogue/meta/digest": {},
 }
 
@@ -107,6 +113,7 @@ _results := {
 	"capgate/compose/decision": {"visible", "excluded", "catalogue_digest"},
 	"capgate/execute/decision": {"allow", "reasons", "obligations", "catalogue_digest"},
 	"capgate/review/decision": {"allow", "reasons", "catalogue_digest"},
+	"capgate/link/decision": {"allow", "reasons", "catalogue_digest"},
 	"capgate/catalogue/meta/digest": set(),
 }
 

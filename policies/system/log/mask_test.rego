@@ -161,6 +161,25 @@ test_allow_review_log_keeps_roles_tool_status_and_verdict if {
 	}
 }
 
+test_allow_link_log_keeps_role_task_type_and_action if {
+	facts := {
+		"principal": _principal,
+		"authenticated_by": concat(":", ["token", _secret]),
+		"task": _task,
+		"link": {
+			"action": "link",
+			"task_id": concat("-", ["task", _secret]),
+			"resource": {"type": "repository", "id": concat("-", ["repo", _secret])},
+		},
+	}
+	result := {"allow": false, "reasons": [{"code": "link_own_task", "message": _secret}], "catalogue_digest": "sha256:0"}
+	event := _event("capgate/link/decision", facts, result)
+	_clean(event) with input as event
+	masked := _masked(event) with input as event
+	masked.input == {"principal": {"role": "sales"}, "task": {"type": "customer_quote"}, "link": {"action": "link"}}
+	masked.result == {"allow": false, "reasons": [{"code": "link_own_task"}], "catalogue_digest": "sha256:0"}
+}
+
 test_allow_the_catalogue_digest_is_kept if {
 	event := {"path": "capgate/catalogue/meta/digest", "result": "sha256:0", "decision_id": "x"}
 	log.mask == {"/nd_builtin_cache"} with input as event
