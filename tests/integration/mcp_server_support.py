@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -232,6 +233,33 @@ def stdio_state(
         },
         "record": tmp_path / "record.jsonl",
         "errlog": tmp_path / "stderr.log",
+    }
+
+
+def linking_catalogue(folder: Path) -> Path:
+    """The demo catalogue copied to ``folder``, in which invoice payments work on the
+    recorded links and a ``work_order`` role may link invoices (#21)."""
+    shutil.copytree(SALES, folder)
+    types_path = folder / "task_types.yaml"
+    document = yaml.safe_load(types_path.read_text(encoding="utf-8"))
+    document["task_types"]["invoice_payment"]["links"] = "recorded"
+    types_path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    roles_path = folder / "roles.yaml"
+    roles = yaml.safe_load(roles_path.read_text(encoding="utf-8"))
+    roles["roles"]["work_order"] = {
+        "description": "Hands out work: links invoices to the finance agents' tasks.",
+        "links": ["invoice"],
+    }
+    roles_path.write_text(yaml.safe_dump(roles), encoding="utf-8")
+    return folder
+
+
+def work_order(agent: str, task: str, tenant: str = "acme") -> dict[str, Any]:
+    """A binding of a work-order agent (of :func:`linking_catalogue`) working in ``task``."""
+    return {
+        "principal": {"agent": agent, "role": "work_order", "tenant": tenant},
+        "task": {"type": "customer_quote", "id": task},
+        "environment": "production",
     }
 
 

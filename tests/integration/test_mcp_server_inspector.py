@@ -39,8 +39,10 @@ from tests.integration.mcp_server_support import (
     SALES_BOT,
     http_server,
     ledger,
+    linking_catalogue,
     records,
     seed_store,
+    work_order,
     write_config,
 )
 
@@ -117,18 +119,21 @@ class Run:
 
 
 def _serve(
-    tmp_path_factory: pytest.TempPathFactory, without: tuple[str, ...] = ()
+    tmp_path_factory: pytest.TempPathFactory,
+    without: tuple[str, ...] = (),
+    bound: dict[str, Any] = SALES_BOT,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[dict[str, Any]]:
     for inspector in INSPECTORS:
         if not os.access(inspector.program, os.X_OK):
             pytest.fail(f"{inspector.program.relative_to(ROOT)} is missing; run `make setup-test`")
     folder = tmp_path_factory.mktemp("serve-inspector")
     store = seed_store(folder / "state.db")
-    config = write_config(folder / "serve.yaml", http={"sales": (TOKEN, SALES_BOT)})
+    config = write_config(folder / "serve.yaml", http={"caller": (TOKEN, bound)})
     record = folder / "record.jsonl"
     home = folder / "home"  # the Inspector keeps state in $HOME/.mcp-inspector
     home.mkdir()
-    with http_server(store, config, record, without=without) as server:
+    with http_server(store, config, record, without=without, extra=extra) as server:
         yield {"url": server.url, "store": store, "record": record, "home": home}
 
 
@@ -141,6 +146,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 def served_without_crm_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server whose environment lacks the CRM connection's secret."""
     yield from _serve(tmp_path_factory, without=("CAPGATE_SECRET_ACME__CRM",))
+
+
+@pytest.fixture(scope="module")
+def served_work_order(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose one caller is a work-order agent, which may link invoices."""
+    catalogue = linking_catalogue(tmp_path_factory.mktemp("linking") / "catalogue")
+    bound = work_order("wo-bot", "task-wo-1")
+    yield from _serve(tmp_path_factory, bound=bound, extra=("--catalogue", str(catalogue)))
 
 
 def inspect(served: dict[str, Any], inspector: Inspector, *method: str) -> Run:
@@ -337,3 +350,39 @@ def test_a_failure_after_the_decision_reads_through_the_inspector_cli(
     assert run.facts["error"] == "credential_unavailable"
     assert "[credential_unavailable]" in run.text
     assert not records(served["record"])  # the tool was never entered
+
+
+@pytest.mark.parametrize("inspector", INSPECTORS, ids=str)
+def test_an_agent_links_and_is_refused_through_the_inspector_cli(
+    served_work_order: dict[str, Any], inspector: Inspector
+):
+    """The link tools read through the TypeScript clients like every other answer: a
+    link made (and then made again, which changes nothing), and the link policy's
+    refusal with its reason code."""
+    listed = inspect(served_work_order, inspector, "--method", "tools/list")
+    assert {"capgate.tasks.link", "capgate.tasks.unlink"} <= {
+        tool["name"] for tool in listed.result["tools"]
+    }
+    invoice = f"inv-{inspector.folder}"  # each client its own, so the runs do not meet
+    args = ("task_id=task-pay-9", "resource_type=invoice", f"resource_id={invoice}")
+    for status in ("linked", "already_linked"):
+        run = call(served_work_order, inspector, "capgate.tasks.link", *args)
+        read_back(run, inspector)
+        assert run.result["isError"] is False
+        assert run.facts["status"] == status
+        assert run.facts["resource"] == {"type": "invoice", "id": invoice}
+    refused = call(served_work_order, inspector, "capgate.tasks.link",
+                   "task_id=task-pay-9", "resource_type=contact", "resource_id=c-42")  # fmt: skip
+    read_back(refused, inspector)
+    assert refused.result["isError"] is True
+    assert refused.facts["reason_codes"] == ["link_not_permitted"]
+    assert "link_not_permitted" in refused.text
+    own = call(served_work_order, inspector, "capgate.tasks.link",
+               "task_id=task-wo-1", "resource_type=invoice", f"resource_id={invoice}")  # fmt: skip
+    assert own.facts["reason_codes"] == ["link_own_task"]
+    rows = [r for r in ledger(served_work_order["store"]) if r.kind == "task_link"]
+    mine = [(r.outcome, r.detail["resource"]["id"]) for r in rows
+            if r.detail["resource"]["id"] in (invoice, "c-42")]  # fmt: skip
+    assert ("linked", invoice) in mine
+    assert ("already_linked", invoice) in mine
+    assert ("refused", "c-42") in mine

@@ -16,23 +16,22 @@ authenticated and the decision.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from capgate.cli.main import main
 from capgate.gateway.state import open_store
 from tests.integration.mcp_server_support import (
     FINANCE_BOT,
-    SALES,
     bounded,
     ledger,
+    linking_catalogue,
     seed_store,
     stdio_session,
     stdio_state,
+    work_order,
 )
 from tests.integration.mcp_server_support import (
     outcome_facts as facts,
@@ -45,29 +44,9 @@ UNLINK = "capgate.tasks.unlink"
 INV_9 = {"task_id": "task-pay-9", "resource_type": "invoice", "resource_id": "inv-9"}
 
 
-def work_order(agent: str, task: str, tenant: str = "acme") -> dict[str, Any]:
-    return {
-        "principal": {"agent": agent, "role": "work_order", "tenant": tenant},
-        "task": {"type": "customer_quote", "id": task},
-        "environment": "production",
-    }
-
-
 @pytest.fixture
 def state(tmp_path: Path) -> dict[str, Any]:
-    folder = tmp_path / "catalogue"
-    shutil.copytree(SALES, folder)
-    types_path = folder / "task_types.yaml"
-    document = yaml.safe_load(types_path.read_text(encoding="utf-8"))
-    document["task_types"]["invoice_payment"]["links"] = "recorded"
-    types_path.write_text(yaml.safe_dump(document), encoding="utf-8")
-    roles_path = folder / "roles.yaml"
-    roles = yaml.safe_load(roles_path.read_text(encoding="utf-8"))
-    roles["roles"]["work_order"] = {
-        "description": "Hands out work: links invoices to the finance agents' tasks.",
-        "links": ["invoice"],
-    }
-    roles_path.write_text(yaml.safe_dump(roles), encoding="utf-8")
+    folder = linking_catalogue(tmp_path / "catalogue")
     store = seed_store(tmp_path / "state.db")
     assert main(["tenants", "add", "globex", "--budget-class", "standard", "--store", store]) == 0
     bindings = {
