@@ -172,7 +172,7 @@ class ReviewDesk:
                 raise UnknownProposal(proposal_id)
             reviews = tx.reviews(proposal.id)
             operation = tx.get_operation(proposal.tenant, proposal.operation_id)
-            contract = self.gateway.catalogue.tools.get(proposal.tool)
+            contract = self.gateway.catalogue.contract_at(proposal.tool, proposal.contract_version)
             alias = contract.connection_alias if contract is not None else None
             connection = tx.connections(proposal.tenant).get(alias) if alias else None
         return ProposalView(

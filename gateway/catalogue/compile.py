@@ -172,6 +172,14 @@ def compile_catalogue(catalogue: Catalogue) -> dict[str, Any]:
         "roles": {name: _compile_role(spec) for name, spec in sorted(catalogue.roles.items())},
         "index": compile_index(catalogue),
     }
+    if catalogue.retained:
+        # Only when some version is kept: a catalogue that keeps none compiles (and
+        # digests) as before. Keys are strings, as JSON's are: the policy looks a
+        # call's version up with format_int.
+        document["retained"] = {
+            name: {str(version): _compile_tool(kept) for version, kept in sorted(versions.items())}
+            for name, versions in sorted(catalogue.retained.items())
+        }
     if catalogue.currencies is not None:
         # The policies never read the rates (they read the converted values), but a
         # decision depends on them: in the document, a change of rate is a change of

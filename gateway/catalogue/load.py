@@ -43,8 +43,9 @@ CATALOGUE_FILES: Mapping[str, str] = {
 }
 
 #: The files a catalogue directory may hold, each with its single top-level key:
-#: the currency table only the catalogues with ``derive: converted`` values need.
-OPTIONAL_FILES: Mapping[str, str] = {"currencies.yaml": "currencies"}
+#: the currency table only the catalogues with ``derive: converted`` values need,
+#: and the earlier versions of reviewed tools kept for the proposals made under them.
+OPTIONAL_FILES: Mapping[str, str] = {"currencies.yaml": "currencies", "retained.yaml": "retained"}
 
 _IDENTIFIER: TypeAdapter[str] = TypeAdapter(Identifier)
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -268,6 +269,35 @@ def _load_tools(
     return tools, set(indexes)
 
 
+def _load_retained(section: object, problems: list[str]) -> dict[str, dict[int, ToolContract]]:
+    """Validate ``retained.yaml``: a list of contracts as in tools.yaml, each an
+    earlier version of one of its tools (the catalogue checks which)."""
+    file = "retained.yaml"
+    if section is None:
+        return {}
+    if not isinstance(section, list):
+        problems.append(
+            f"{file}: 'retained': expected a list of tool contracts, got {_kind(section)}"
+        )
+        return {}
+    retained: dict[str, dict[int, ToolContract]] = {}
+    for index, raw in enumerate(section):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        version = raw.get("version") if isinstance(raw, dict) else None
+        where = f"{file}: retained[{index}]"
+        if isinstance(name, str) and name:
+            where += f" (tool {quote(name)}, version {quote(version)})"
+        kept = _validate(ToolContract, raw, where, problems)
+        if kept is None:
+            continue
+        versions = retained.setdefault(kept.name, {})
+        if kept.version in versions:
+            problems.append(f"{where}: version {kept.version} of {quote(kept.name)} is kept "
+                            "twice")  # fmt: skip
+        versions[kept.version] = kept
+    return retained
+
+
 def _load_named(
     file: str,
     label: str,
@@ -355,6 +385,7 @@ def load_catalogue(directory: Path) -> Catalogue:
         currencies = _validate(
             CurrencyTable, sections["currencies.yaml"], "currencies.yaml: currencies", problems
         )
+    retained = _load_retained(sections["retained.yaml"], problems)
     if problems:
         raise CatalogueError(problems)
     try:
@@ -364,6 +395,7 @@ def load_catalogue(directory: Path) -> Catalogue:
             task_types=task_types,
             budget_classes=budget_classes,
             currencies=currencies,
+            retained=retained,
         )
     except ValidationError as exc:
         # The cross-file checks (reviewers, evidence, execution actions) live on the
@@ -372,5 +404,8 @@ def load_catalogue(directory: Path) -> Catalogue:
         for error in exc.errors():
             cause = error.get("ctx", {}).get("error")
             found = cause.problems if isinstance(cause, CatalogueProblems) else [error["msg"]]
-            problems += [f"tools.yaml: {problem}" for problem in found]
+            problems += [
+                f"{'retained.yaml' if problem.startswith('retained ') else 'tools.yaml'}: {problem}"
+                for problem in found
+            ]
         raise CatalogueError(problems) from None

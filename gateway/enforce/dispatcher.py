@@ -166,7 +166,7 @@ class Dispatcher:
         self.policy = policy
         self.registry = registry
         self._observer = observer
-        self._schemas: dict[str, Schemas] = {}
+        self._schemas: dict[tuple[str, int], Schemas] = {}
 
     # -- compose -------------------------------------------------------------------
 
@@ -245,15 +245,22 @@ class Dispatcher:
         authorised = self.authorise(prepared, request)
         return self.run(authorised)
 
-    def prepare(self, tool: str, params: Mapping[str, Any]) -> Prepared:
-        """Check the tool name and copy, validate and hash the parameters (no OPA yet)."""
+    def prepare(
+        self, tool: str, params: Mapping[str, Any], *, version: int | None = None
+    ) -> Prepared:
+        """Check the tool name and copy, validate and hash the parameters (no OPA yet).
+
+        ``version``: the contract version the call is made under, for a dispatched
+        proposal the one it was proposed under: a version the catalogue keeps
+        (``retained.yaml``) prepares under that contract, its schemas and values;
+        any other under today's (and the policy denies it as ``version_mismatch``)."""
         if not isinstance(tool, str):
             raise InvalidInput(f"the tool name must be a string, not a {type(tool).__name__}")
         tool = str.__str__(tool)  # a plain str: a subclass could hash or compare its own way
         # One private, plain-JSON copy: what is validated and hashed is exactly what the
         # tool receives, whatever the caller does to its own objects meanwhile.
         authorised, canonical = plain_params(params)
-        contract = self.catalogue.tools.get(tool)
+        contract = self.catalogue.contract_at(tool, version)
         subject = None
         values: dict[str, Any] = {}
         if contract is not None:
@@ -492,12 +499,13 @@ class Dispatcher:
 
     def _schemas_for(self, contract: ToolContract) -> Schemas:
         """Compiled validators, built once per tool rather than on every call."""
-        schemas = self._schemas.get(contract.name)
+        key = (contract.name, contract.version)
+        schemas = self._schemas.get(key)
         if schemas is None:
             schemas = Schemas(
                 schema_validator(contract.input_schema), schema_validator(contract.output_schema)
             )
-            self._schemas[contract.name] = schemas
+            self._schemas[key] = schemas
         return schemas
 
     # -- tracing -------------------------------------------------------------------

@@ -123,7 +123,7 @@ def verify_execute(catalogue: Catalogue, request: ExecuteInput, decision: Execut
         raise PolicyUnavailable(
             f"OPA returned an inconsistent allow for {quote(tool)}: it also gives reasons"
         )
-    contract = catalogue.tools.get(tool)
+    contract = catalogue.contract_at(tool, request.call.version)
     if contract is None:
         raise PolicyUnavailable(
             f"OPA returned an inconsistent allow for {quote(tool)}: "
@@ -133,6 +133,13 @@ def verify_execute(catalogue: Catalogue, request: ExecuteInput, decision: Execut
         raise PolicyUnavailable(
             f"OPA returned an inconsistent allow for {quote(tool)}: the call names version "
             f"{request.call.version}, the catalogue's contract is version {contract.version}"
+        )
+    if contract is not catalogue.tools[tool] and request.stage is not Stage.DISPATCH:
+        # A kept version stands for proposals in flight only; anything new is made
+        # under today's contract.
+        raise PolicyUnavailable(
+            f"OPA returned an inconsistent allow for {quote(tool)}: version "
+            f"{request.call.version} is kept for dispatches only, not at stage {request.stage}"
         )
     operation_id = request.call.operation_id
     problems = _obligation_problems(contract, operation_id, request.stage, decision.obligations)

@@ -710,6 +710,10 @@ class Catalogue(_Spec):
     budget_classes: dict[Identifier, BudgetClassSpec]
     #: The currency table of ``derive: converted`` values; None when none is needed.
     currencies: CurrencyTable | None = None
+    #: Earlier versions of reviewed tools, kept for the proposals made under them
+    #: (``retained.yaml``): by tool name, then version. A proposal dispatches under
+    #: the version it was proposed and approved under while it is kept here.
+    retained: dict[Identifier, dict[int, ToolContract]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Catalogue:
@@ -732,6 +736,7 @@ class Catalogue(_Spec):
         ]
         problems += self._review_problems() + self._evidence_problems()
         problems += self._upstream_problems() + self._currency_problems()
+        problems += self._retained_problems()
         if problems:
             raise CatalogueProblems(problems)
         return self
@@ -817,13 +822,62 @@ class Catalogue(_Spec):
                 seen[key] = tool.name
         return problems
 
+    def _retained_problems(self) -> list[str]:
+        # A kept version stands for proposals made under it: of a tool the catalogue
+        # has, one that is reviewed (only proposals wait), older than today's, and
+        # under the same roles' rules as any contract.
+        problems = []
+        for name, versions in self.retained.items():
+            current = self.tools.get(name)
+            for version, kept in versions.items():
+                where = f"retained tool {quote(name)} version {version}"
+                if kept.name != name or kept.version != version:
+                    problems.append(f"{where} holds the contract of {quote(kept.name)} "
+                                    f"version {kept.version}")  # fmt: skip
+                elif current is None:
+                    problems.append(f"{where}: tools.yaml has no tool {quote(name)} to keep "
+                                    "an earlier version of")  # fmt: skip
+                elif version >= current.version:
+                    problems.append(
+                        f"{where}: field 'version': a kept version is older than the "
+                        f"catalogue's, version {current.version}"
+                    )
+                elif not kept.needs_review:
+                    problems.append(
+                        f"{where}: only a reviewed tool's versions are kept (its proposals "
+                        "wait for their dispatch; a direct call never does)"
+                    )
+                problems += [
+                    f"{where}: field 'roles[{position}]': unknown role {quote(role)}"
+                    for position, role in enumerate(kept.roles)
+                    if role not in self.roles
+                ]
+                for position, role in enumerate(kept.reviewers):
+                    spec = self.roles.get(role)
+                    if spec is None or kept.approval not in spec.approves:
+                        problems.append(
+                            f"{where}: field 'reviewers[{position}]': role {quote(role)} does "
+                            f"not approve {kept.approval.value!r}"
+                        )
+        return problems
+
+    def contract_at(self, name: str, version: int | None) -> ToolContract | None:
+        """The contract of tool ``name`` at ``version``: today's, or a kept one; today's
+        for a version the catalogue does not keep (whose calls the policy denies as
+        ``version_mismatch``), and None for a tool it does not have."""
+        current = self.tools.get(name)
+        if current is None or version is None or version == current.version:
+            return current
+        return self.retained.get(name, {}).get(version, current)
+
     def upstream_tools(self) -> dict[str, ToolContract]:
         """The contracts an MCP server runs, by name."""
         return {name: t for name, t in sorted(self.tools.items()) if t.upstream is not None}
 
     def runnable_names(self) -> set[str]:
         """Every name an adapter may run: the tools and their execution actions."""
-        return set(self.tools) | {t.dispatch_action for t in self.tools.values()}
+        kept = {t.dispatch_action for versions in self.retained.values() for t in versions.values()}
+        return set(self.tools) | {t.dispatch_action for t in self.tools.values()} | kept
 
     def tool(self, name: str) -> ToolContract:
         """The contract of tool ``name``; ``KeyError`` naming it if there is none."""

@@ -367,6 +367,9 @@ class ReviewProposal(_Facts):
     id: Identifier
     tenant: Identifier
     tool: Identifier
+    #: The contract version it was proposed under: the review reads that version's
+    #: contract while the catalogue keeps it (``retained.yaml``), else today's.
+    version: int = Field(default=1, ge=1)
     #: The proposed call's declared values (as ``Call.values``), which a quorum may
     #: depend on (two approvers above an amount).
     values: dict[Identifier, CallValue] = Field(default_factory=dict, max_length=64)

@@ -40,7 +40,7 @@ def set_connection(
                 *tx.list_proposals(tenant=tenant, status=ProposalStatus.PENDING),
                 *tx.list_proposals(tenant=tenant, status=ProposalStatus.APPROVED),
             ]:
-                contract = catalogue.tools.get(queued.tool)
+                contract = catalogue.contract_at(queued.tool, queued.contract_version)
                 if contract is not None and contract.connection_alias == alias:
                     code = (
                         "connection_revoked"

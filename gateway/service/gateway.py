@@ -377,9 +377,12 @@ class Gateway:
         )
         # The stored parameters, hashed again now: content altered since the approval
         # gives another digest, and OPA denies it as approval_mismatch. The version is
-        # the one that was proposed and approved, not the catalogue's of today: a
-        # contract changed since the review is denied (version_mismatch).
-        prepared = self.dispatcher.prepare(proposal.tool, proposal.params)
+        # the one that was proposed and approved, not the catalogue's of today: it
+        # dispatches under that contract while the catalogue keeps it (retained.yaml),
+        # and is denied (version_mismatch) once it does not.
+        prepared = self.dispatcher.prepare(
+            proposal.tool, proposal.params, version=proposal.contract_version
+        )
         execute = execute_input(
             self.dispatcher,
             facts,

@@ -278,7 +278,7 @@ class Proposals:
         recording, so that the quorum OPA decided is the one the store holds."""
         proposal = read_proposal(self.store, proposal_id)  # the id checked first
         standing = standing_approvers(self.store, proposal.id)
-        contract = self.catalogue.tools.get(proposal.tool)
+        contract = self.catalogue.contract_at(proposal.tool, proposal.contract_version)
         facts = ReviewInput.model_validate(
             {
                 "reviewer": reviewer,
@@ -286,6 +286,7 @@ class Proposals:
                     "id": proposal.id,
                     "tenant": proposal.tenant,
                     "tool": proposal.tool,
+                    "version": proposal.contract_version,
                     "status": proposal.status.value,
                     "proposer": proposal.proposer,
                     "approvers": sorted(standing),

@@ -155,7 +155,9 @@ class Recovery:
                 or stale.lease_until >= tx.now
             ):
                 return None
-            contract = self.catalogue.tools.get(stale.tool)
+            proposal = tx.proposal_for_operation(stale.tenant, stale.operation_id)
+            version = proposal.contract_version if proposal is not None else None
+            contract = self.catalogue.contract_at(stale.tool, version)
             outcome = Outcome(
                 tool=stale.tool,
                 version=contract.version if contract else 1,
@@ -194,6 +196,9 @@ class Recovery:
         # A dispatched proposal ran its contract's execution action: that is what the
         # provider knows of.
         action = proposal.execution_action if proposal is not None else contract.name
+        if proposal is not None:  # the contract it was dispatched under, when kept
+            contract = self.catalogue.contract_at(operation.tool, proposal.contract_version)
+            assert contract is not None  # the tool is the catalogue's (checked above)
         adapter = self.registry.adapter_for(action)
         if not has_lookup(adapter, action):
             return None

@@ -7,7 +7,9 @@ So the first time a gateway serves a contract version, its content digest
 (:func:`~capgate.gateway.catalogue.compile.contract_digest`) is pinned in the
 store; a later start with other content under a pinned number is refused, naming
 the version to give it instead, and nothing is pinned by that start. New versions
-are pinned beside the old ones, each with a ledger row.
+are pinned beside the old ones, each with a ledger row. A version the catalogue
+keeps for proposals in flight (``retained.yaml``) is held to its pin the same way:
+the kept copy must be the contract that was served under that number.
 """
 
 from __future__ import annotations
@@ -36,17 +38,31 @@ def pin_contracts(store: Store, catalogue: Catalogue) -> list[ContractPin]:
         newest: dict[str, int] = {}
         for pin in tx.contract_pins():
             newest[pin.tool] = max(newest.get(pin.tool, 0), pin.version)
-        for name, contract in sorted(catalogue.tools.items()):
-            digest = contract_digest(contract)
+        contracts = [("tools.yaml", c) for _, c in sorted(catalogue.tools.items())]
+        contracts += [
+            ("retained.yaml", kept)
+            for _, versions in sorted(catalogue.retained.items())
+            for _, kept in sorted(versions.items())
+        ]
+        for file, contract in contracts:
+            name, digest = contract.name, contract_digest(contract)
             pin, new = tx.pin_contract(name, contract.version, digest)
             if new:
                 made.append(pin)
+            elif pin.digest != digest and file == "retained.yaml":
+                problems.append(
+                    f"retained.yaml: tool {name!r} version {contract.version}: this is not "
+                    f"the contract first served as version {contract.version} (on "
+                    f"{to_text(pin.pinned_at)}): keep that one exactly, or none"
+                )
             elif pin.digest != digest:
                 bump = max(newest.get(name, 0), contract.version) + 1
                 problems.append(
                     f"tools.yaml: tool {name!r}: field 'version': version {contract.version} "
                     f"was first served on {to_text(pin.pinned_at)} with other content; a "
-                    f"changed contract needs a new version: give it version {bump}"
+                    f"changed contract needs a new version: give it version {bump} (and, "
+                    f"to let proposals made under version {contract.version} dispatch under "
+                    "it, keep its former definition in retained.yaml)"
                 )
         if problems:
             raise CatalogueError(problems)  # the transaction is rolled back: no pin made

@@ -473,7 +473,7 @@ class Worker:
         self._give_up(job, proposal, ["dispatch_denied", *codes])
 
     def _may_retry(self, proposal: ProposalRecord) -> bool:
-        contract = self.gateway.catalogue.tools.get(proposal.tool)
+        contract = self.gateway.catalogue.contract_at(proposal.tool, proposal.contract_version)
         if contract is None:
             return False
         action = proposal.execution_action

@@ -26,6 +26,9 @@ info string                        rule
 ``yaml currencies.yaml``           an optional catalogue file: loads beside the docs
                                    catalogue, changes its digest, and converts the
                                    worked figure of the prose with the contract above.
+``yaml retained.yaml``             an optional catalogue file: beside the docs catalogue
+                                   with each kept tool's version raised by one, it loads
+                                   and keeps exactly that tool's former contract.
 ``json compose-input``             a valid ``ComposeInput``; OPA composes it against the
                                    docs catalogue.
 ``json compose-decision``          a valid ``ComposeDecision``, equal to OPA's answer to
@@ -143,7 +146,6 @@ from capgate.cli.logs import JsonLines, log_decision
 from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import CATALOGUE_FILES, compile_catalogue, load_catalogue
-from capgate.gateway.catalogue.load import OPTIONAL_FILES
 from capgate.gateway.digest import params_digest
 from capgate.gateway.enforce.arguments import values_of
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher
@@ -232,7 +234,8 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "mermaid": lambda b: b.lang == "mermaid" and not b.tag,
     "catalogue-file": lambda b: b.lang == "yaml" and b.tag in CATALOGUE_FILES,
     "catalogue-tools": lambda b: b.lang == "yaml" and b.tag == "catalogue-tools",
-    "catalogue-optional-file": lambda b: b.lang == "yaml" and b.tag in OPTIONAL_FILES,
+    "catalogue-currencies": lambda b: b.lang == "yaml" and b.tag == "currencies.yaml",
+    "catalogue-retained": lambda b: b.lang == "yaml" and b.tag == "retained.yaml",
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
@@ -387,7 +390,7 @@ def test_catalogue_blocks_form_a_catalogue_opa_answers_for(
 
 
 @pytest.mark.parametrize(
-    "block", blocks_of("catalogue-optional-file"), ids=ids(blocks_of("catalogue-optional-file"))
+    "block", blocks_of("catalogue-currencies"), ids=ids(blocks_of("catalogue-currencies"))
 )
 def test_the_currency_table_converts_as_the_docs_say(
     block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
@@ -412,6 +415,31 @@ def test_the_currency_table_converts_as_the_docs_say(
     prose = block.doc.read_text(encoding="utf-8")
     assert "`450000`" in prose
     assert "`526500`" in prose
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("catalogue-retained"), ids=ids(blocks_of("catalogue-retained"))
+)
+def test_a_kept_version_loads_beside_its_successor(
+    block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
+):
+    folder = tmp_path / "keeping"
+    shutil.copytree(docs_catalogue_dir, folder)
+    kept = yaml.safe_load(block.text)["retained"]
+    tools_path = folder / "tools.yaml"
+    document = yaml.safe_load(tools_path.read_text(encoding="utf-8"))
+    for tool in document["tools"]:
+        if tool["name"] in {k["name"] for k in kept}:
+            tool["version"] += 1
+    tools_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    (folder / block.tag).write_text(block.text, encoding="utf-8")
+    keeping = load_catalogue(folder)
+    assert keeping.retained, str(block)
+    for name, versions in keeping.retained.items():
+        for version, contract in versions.items():
+            # Exactly the contract the docs catalogue serves under that version.
+            assert contract == docs_catalogue.tools[name], (name, version)
+            assert keeping.tools[name].version == version + 1
 
 
 @pytest.mark.parametrize(

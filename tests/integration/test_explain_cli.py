@@ -121,7 +121,8 @@ def test_explain_execute_denied_exits_3_with_the_failing_checks(capsys):
 
     assert code == EXIT_DENIED
     assert "call: tool payment.execute, stage dispatch, operation pay-001" in out
-    rows = {cells(line)[0]: cells(line) for line in out.splitlines()[4:-1]}
+    assert "contract: version 1\n" in out
+    rows = {cells(line)[0]: cells(line) for line in out.splitlines()[5:-1]}
     assert rows["role"][1:3] == ["FAIL", "role_not_granted"]
     assert rows["proposal"][1:3] == ["FAIL", "proposal_not_approved"]
     assert rows["version"][1:3] == ["pass", "-"]

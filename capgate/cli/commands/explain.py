@@ -52,6 +52,7 @@ from capgate.cli.commands.common import (
 )
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import Check, ComposeExplanation, ExecuteExplanation
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput
 from capgate.gateway.opa.sidecar import PolicySidecar
@@ -156,10 +157,24 @@ def _execute(args: argparse.Namespace) -> int:
         f"call: tool {safe(facts.call.tool)}, stage {facts.stage.value}, "
         f"operation {safe(facts.call.operation_id)}"
     )
+    print(_contract_line(catalogue, facts.call.tool, explanation))
     table(["check", "result", "reason", "facts read"], render_checks(explanation.checks))
     failed = sorted({c.code for c in explanation.checks if c.code is not None})
     print("allow: true" if explanation.allow else f"allow: false ({', '.join(failed)})")
     return exit_code
+
+
+def _contract_line(catalogue: Catalogue, tool: str, explanation: ExecuteExplanation) -> str:
+    """Which version of the tool's contract decided, as the version check read it: a
+    dispatch of a proposal made under an earlier version the catalogue keeps
+    (retained.yaml) is decided under that one."""
+    check = next((c for c in explanation.checks if c.check == "version"), None)
+    version = check.facts.get("contract_version") if check is not None else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        return "contract: none (the catalogue has no such tool)"
+    kept = version in catalogue.retained.get(tool, {})
+    note = ", kept for the work proposed under it (retained.yaml)" if kept else ""
+    return f"contract: version {version}{note}"
 
 
 def register(sub: Actions) -> None:

@@ -140,8 +140,20 @@ _call := input.call if is_object(input.call)
 _name := object.get(_call, "tool", null)
 
 # Read straight from input.call.tool, which is undefined exactly when _name is null:
-# the same contract, without asking _call and _name on every call.
-_contract := contract if {
+# the same contract, without asking _call and _name on every call. At dispatch, a
+# proposal made under an earlier version the catalogue keeps (retained) is decided
+# under that version's contract; anything else under today's, whose version check
+# then denies a call naming another version (version_mismatch).
+_contract := kept if {
+	input.stage == "dispatch"
+	not _current.version == input.call.version
+	kept := data.capgate.catalogue.retained[input.call.tool][format_int(input.call.version, 10)]
+	is_object(kept)
+} else := _current if {
+	is_object(_current)
+}
+
+_current := contract if {
 	tools := data.capgate.catalogue.tools
 	is_object(tools)
 	contract := tools[input.call.tool]

@@ -137,6 +137,16 @@ default _tools := {}
 
 _tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools)
 
-_contract := _tools[_name] if is_object(_tools[_name])
+# The contract the proposal was made under: a version the catalogue keeps for the
+# proposals made under it (retained), else today's (whose dispatch then denies a
+# proposal of another version as version_mismatch).
+_contract := kept if {
+	version := _proposal.version
+	not _tools[_name].version == version
+	kept := data.capgate.catalogue.retained[_name][format_int(version, 10)]
+	is_object(kept)
+} else := _tools[_name] if {
+	is_object(_tools[_name])
+}
 
 _is_known_tool if is_object(_contract)

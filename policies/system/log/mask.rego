@@ -97,7 +97,7 @@ _inputs := {
 	},
 	"capgate/review/decision": {
 		"reviewer": ["role"],
-		"proposal": ["tool", "status"],
+		"proposal": ["tool", "version", "status"],
 		"verdict": "scalar",
 	},
 	"capgate/link/decision": {

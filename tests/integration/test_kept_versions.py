@@ -1,0 +1,221 @@
+"""Versions kept for the work in flight: a bumped contract leaves proposals on theirs.
+
+Against a real OPA and both stores (#21). A payment is proposed and approved under
+version 1 of ``payment.execute``; then the catalogue moves to version 2, whose limit
+the payment is over. With version 1 kept in ``retained.yaml`` the approved proposal
+dispatches under version 1 (its limit, its schemas; the outcome and the ledger say
+version 1), while every new proposal is made and decided under version 2. Without
+it, the same proposal is blocked as ``version_mismatch``. A kept copy that is not
+what was served as version 1 is refused at start, and a kept version must be older
+than today's, of a reviewed tool the catalogue has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from capgate.cli.main import main
+from capgate.demo import demo_catalogue_dir
+from capgate.demo.tools.sales_desk import SalesDesk
+from capgate.gateway.catalogue import compile_catalogue, load_catalogue
+from capgate.gateway.errors import CapabilityViolation, CatalogueError
+from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.opa.sidecar import PolicySidecar
+from capgate.gateway.service.gateway import Gateway
+from capgate.gateway.service.versions import pin_contracts
+from capgate.gateway.state.records import ProposalRecord, ProposalStatus
+from capgate.gateway.state.store import Store
+from tests.hang import ANSWER_TIMEOUT
+from tests.integration import postgres_server as pg_fixtures
+from tests.integration import store_support as fixtures
+from tests.integration.lifecycle_support import (
+    CONTROLLER,
+    FINANCE,
+    PAY_TASK,
+    PAYMENT,
+    agent_request,
+    make_gateway,
+    proposal_of,
+    seed,
+)
+
+pytestmark = pytest.mark.integration
+
+postgres_server = pg_fixtures.postgres_server
+postgres_url = pg_fixtures.postgres_url
+store_url = fixtures.store_url
+store = fixtures.store
+clock = fixtures.clock
+
+SALES = demo_catalogue_dir("sales")
+
+
+def payment_v1() -> dict[str, Any]:
+    document = yaml.safe_load((SALES / "tools.yaml").read_text(encoding="utf-8"))
+    (payment,) = [t for t in document["tools"] if t["name"] == "payment.execute"]
+    return dict(payment)
+
+
+def bumped(folder: Path, *, keep: list[dict[str, Any]] | None) -> Path:
+    """The demo catalogue in ``folder`` with payment.execute at version 2, its limit
+    at 1,000.00 EUR (the demo payment is 1,200.00), keeping ``keep``."""
+    shutil.copytree(SALES, folder)
+    path = folder / "tools.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for tool in document["tools"]:
+        if tool["name"] == "payment.execute":
+            tool["version"] = 2
+            tool["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    if keep is not None:
+        retained = {"retained": keep}
+        (folder / "retained.yaml").write_text(yaml.safe_dump(retained), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def catalogues(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Catalogue]:
+    root = tmp_path_factory.mktemp("versions")
+    return {
+        "v1": load_catalogue(SALES),
+        "v2 keeping v1": load_catalogue(bumped(root / "keeping", keep=[payment_v1()])),
+        "v2": load_catalogue(bumped(root / "dropping", keep=None)),
+    }
+
+
+@pytest.fixture(scope="module")
+def sidecars(catalogues: dict[str, Catalogue]) -> Iterator[dict[str, PolicySidecar]]:
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT))
+            for name, catalogue in catalogues.items()
+        }
+
+
+def gateway(
+    name: str, catalogues: dict[str, Catalogue], sidecars: dict[str, PolicySidecar], store: Store
+) -> tuple[Gateway, SalesDesk]:
+    pin_contracts(store, catalogues[name])  # as every start does
+    desk = SalesDesk()
+    return make_gateway(catalogues[name], sidecars[name].client, store, desk.tools()), desk
+
+
+def approved_payment(gateway: Gateway) -> ProposalRecord:
+    request = agent_request(FINANCE, PAY_TASK)
+    gateway.call(request, "invoice.check_approval", {"invoice_id": "inv-9"})
+    proposal = gateway.call(request, "payment.execute", PAYMENT)
+    assert isinstance(proposal, ProposalRecord)
+    gateway.review(proposal.id, CONTROLLER, "approved")
+    return proposal
+
+
+def test_an_approved_proposal_dispatches_under_its_kept_version(catalogues, sidecars, store):
+    seed(store, budget_limit=None)
+    old, _ = gateway("v1", catalogues, sidecars, store)
+    proposal = approved_payment(old)
+    assert proposal.contract_version == 1
+
+    new, desk = gateway("v2 keeping v1", catalogues, sidecars, store)
+    outcome = new.dispatch(proposal.id)
+    assert outcome.ok, outcome
+    assert outcome.version == 1
+    assert [p["amount_cents"] for p in desk.payments.values()] == [PAYMENT["amount_cents"]]
+    rows = [r for r in store.ledger() if r.operation_id == proposal.operation_id]
+    assert [(r.kind, r.contract_version) for r in rows] == [
+        ("proposal", 1), ("review", 1), ("dispatch", 1), ("intent", 1), ("outcome", 1)
+    ]  # fmt: skip
+
+    # New work is today's: proposed under version 2, and over its limit.
+    request = agent_request(FINANCE, {**PAY_TASK, "id": "task-pay-10"})
+    new.call(request, "invoice.check_approval", {"invoice_id": "inv-9"})
+    with pytest.raises(CapabilityViolation) as over:
+        new.call(request, "payment.execute", PAYMENT)
+    assert over.value.reason_codes == ["value_over_limit"]
+    smaller = new.call(request, "payment.execute", {**PAYMENT, "amount_cents": 90_000})
+    assert isinstance(smaller, ProposalRecord)
+    assert smaller.contract_version == 2
+
+
+def test_a_proposal_whose_version_is_not_kept_is_blocked(catalogues, sidecars, store):
+    seed(store, budget_limit=None)
+    old, _ = gateway("v1", catalogues, sidecars, store)
+    proposal = approved_payment(old)
+    new, desk = gateway("v2", catalogues, sidecars, store)
+    with pytest.raises(CapabilityViolation) as blocked:
+        new.dispatch(proposal.id)
+    assert "version_mismatch" in blocked.value.reason_codes
+    assert proposal_of(store, proposal.id).status is ProposalStatus.BLOCKED
+    assert desk.payments == {}
+
+
+def test_a_kept_copy_that_is_not_what_was_served_is_refused(catalogues, store, tmp_path: Path):
+    pin_contracts(store, catalogues["v1"])
+    altered = {**payment_v1(), "roles": ["finance", "sales"]}
+    with pytest.raises(CatalogueError) as refused:
+        pin_contracts(store, load_catalogue(bumped(tmp_path / "altered", keep=[altered])))
+    (problem,) = refused.value.problems
+    assert problem.startswith("retained.yaml: tool 'payment.execute' version 1: ")
+    assert "keep that one exactly, or none" in problem
+
+
+@pytest.mark.parametrize(
+    ("kept", "says"),
+    [
+        ({"version": 2}, "a kept version is older than the catalogue's, version 2"),
+        ({"version": 3}, "a kept version is older than the catalogue's, version 2"),
+        ({"name": "payment.refund"}, "tools.yaml has no tool 'payment.refund'"),
+        ({"roles": ["finance", "nobody"]}, "field 'roles[1]': unknown role 'nobody'"),
+    ],
+)
+def test_a_kept_version_must_be_an_older_one_of_a_reviewed_tool(
+    tmp_path: Path, kept: dict[str, Any], says: str
+):
+    with pytest.raises(CatalogueError) as refused:
+        load_catalogue(bumped(tmp_path / "bad", keep=[{**payment_v1(), **kept}]))
+    assert any(p.startswith("retained.yaml: ") and says in p for p in refused.value.problems), (
+        refused.value.problems
+    )
+
+
+def test_a_direct_tool_has_no_kept_versions(tmp_path: Path):
+    document = yaml.safe_load((SALES / "tools.yaml").read_text(encoding="utf-8"))
+    (read,) = [t for t in document["tools"] if t["name"] == "contact.read"]
+    folder = bumped(tmp_path / "direct", keep=[read])
+    path = folder / "tools.yaml"
+    tools = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for tool in tools["tools"]:
+        if tool["name"] == "contact.read":
+            tool["version"] = 2
+    path.write_text(yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
+    with pytest.raises(CatalogueError, match="only a reviewed tool's versions are kept"):
+        load_catalogue(folder)
+
+
+def test_keeping_versions_is_in_the_digest_and_keeping_none_changes_nothing(catalogues):
+    kept = compile_catalogue(catalogues["v2 keeping v1"])
+    plain = compile_catalogue(catalogues["v2"])
+    assert kept["retained"]["payment.execute"]["1"]["version"] == 1
+    assert "retained" not in plain
+    assert "retained" not in compile_catalogue(catalogues["v1"])
+    assert kept["meta"]["digest"] != plain["meta"]["digest"]
+
+
+def test_explain_says_which_version_decided(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    # The documented payment dispatch, made under version 1.
+    example = str(Path(__file__).resolve().parents[2] / "docs" / "examples" / "execute.yaml")
+    keeping = bumped(tmp_path / "keeping", keep=[payment_v1()])
+    main(["explain", "execute", example, "--catalogue", str(keeping)])
+    out = capsys.readouterr().out
+    assert "contract: version 1, kept for the work proposed under it (retained.yaml)\n" in out
+    assert "version_mismatch" not in out
+    main(["explain", "execute", example, "--catalogue", str(bumped(tmp_path / "v2", keep=None))])
+    out = capsys.readouterr().out
+    assert "contract: version 2\n" in out
+    assert "version_mismatch" in out
