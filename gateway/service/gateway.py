@@ -44,7 +44,13 @@ from pydantic import TypeAdapter, ValidationError
 from capgate.gateway.catalogue.names import UndeclaredWatch
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher, policy_revision
 from capgate.gateway.enforce.grant import Authorised
-from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnavailable, quote
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    InvalidInput,
+    PolicyUnavailable,
+    UnknownProposal,
+    quote,
+)
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.model.decisions import ComposeDecision
 from capgate.gateway.model.facts import (
@@ -345,6 +351,57 @@ class Gateway:
         (:mod:`capgate.gateway.model.comments`: InvalidInput before OPA is asked).
         """
         return self._proposals.review(proposal_id, reviewer, verdict, ttl=ttl, comment=comment)
+
+    def migrate(self, proposal_id: str, *, by: Reviewer) -> ProposalRecord:
+        """Move a pending or approved proposal made under an earlier version of its
+        contract to today's version: its parameters checked against today's schema,
+        its call proposed again as its proposer, with the facts of now, and asked of
+        OPA (stage ``propose``); on an allow, in one transaction, the old proposal is
+        blocked (``proposal_migrated``: its approvals go with it) and the new one is
+        pending a review of its own, with a ``migration`` ledger row naming ``by``, the
+        operator as a front authenticated them.
+
+        InvalidInput naming why for a proposal that is not pending or approved, is
+        under today's version already, or whose parameters no longer fit;
+        CapabilityViolation for a call today's policy refuses (recorded; nothing
+        else changes); ProposalStale when the proposal changed meanwhile;
+        UnknownProposal for another tenant's, as for one that does not exist."""
+        proposal = read_proposal(self.store, proposal_id)
+        if proposal.tenant != by.tenant:
+            raise UnknownProposal(proposal.id)  # the same answer as for no such proposal
+        contract = self.catalogue.tools.get(proposal.tool)
+        if proposal.status not in (ProposalStatus.PENDING, ProposalStatus.APPROVED):
+            raise InvalidInput(
+                f"proposal {proposal.id} is {proposal.status.value}: only a pending or "
+                "approved proposal is migrated"
+            )
+        if contract is None:
+            raise InvalidInput(
+                f"proposal {proposal.id}: the catalogue has no tool {quote(proposal.tool)} "
+                "any more, so there is no version to migrate it to"
+            )
+        if proposal.contract_version == contract.version:
+            raise InvalidInput(
+                f"proposal {proposal.id} is under version {contract.version} of "
+                f"{proposal.tool} already, the catalogue's"
+            )
+        request = AgentRequest.model_validate(
+            {
+                "principal": proposal.proposer,
+                "task": proposal.task,
+                "environment": proposal.environment,
+                "authenticated_by": f"migration:{proposal.id}",
+            }
+        )
+        operation_id = _operation_id(None)
+        prepared = self.dispatcher.prepare(proposal.tool, proposal.params)
+        facts = self._facts.call(request.principal, request.task, request.environment,
+                                 request.task_id, operation_id)  # fmt: skip
+        execute = execute_input(
+            self.dispatcher, facts, prepared, stage=Stage.PROPOSE, operation_id=operation_id
+        )
+        authorised = self._authorise(prepared, execute, request.principal, None)
+        return self._proposals.migrate(proposal, authorised, request, by=by)
 
     @_step("dispatch")
     def dispatch(self, proposal_id: str) -> Outcome:

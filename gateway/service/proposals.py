@@ -30,6 +30,7 @@ from capgate.gateway.errors import (
     InvalidInput,
     OperationConflict,
     PolicyUnavailable,
+    ProposalStale,
     StoreBusy,
     UnknownProposal,
     quote,
@@ -48,7 +49,7 @@ from capgate.gateway.state.records import (
     ReviewRecord,
     ReviewVerdict,
 )
-from capgate.gateway.state.store import Store
+from capgate.gateway.state.store import Store, Tx
 
 __all__ = [
     "AWAITING_QUORUM",
@@ -115,80 +116,142 @@ class Proposals:
         self.approval_ttl = approval_ttl
 
     def propose(self, authorised: Authorised, request: AgentRequest) -> ProposalRecord:
-        contract = authorised.contract
         with self.store.transaction() as tx:
-            # The same content as an operation whose outcome is still open (running, or
-            # unknown until looked up): approving this one may do it a second time. The
-            # proposal says so, to the agent and to its reviewers.
-            twins = [
-                twin
-                for twin in tx.unsettled_twins(
-                    request.tenant, contract.name, authorised.prepared.digest
-                )
-                if twin != authorised.operation_id
-            ]
-            proposal = ProposalRecord(
-                id=f"prop-{uuid.uuid4().hex[:20]}",
-                tenant=request.tenant,
-                task_id=request.task_id,
-                proposer=request.principal,
-                environment=request.environment,
-                task=request.task.model_dump(mode="json"),
-                tool=contract.name,
-                contract_version=contract.version,
-                execution_action=contract.dispatch_action,
-                params=authorised.prepared.params,
-                params_digest=authorised.prepared.digest,
-                operation_id=authorised.operation_id,
-                decision_id=authorised.decision_id,
-                status=ProposalStatus.PENDING,
-                created_at=tx.now,
-                updated_at=tx.now,
-                unsettled_twins=twins,
+            stored, twins = self._write_proposal(tx, authorised, request)
+        self._log_proposed(stored, twins)
+        return stored
+
+    def migrate(
+        self, old: ProposalRecord, authorised: Authorised, request: AgentRequest, *, by: Reviewer
+    ) -> ProposalRecord:
+        """Move ``old`` (pending or approved, under an earlier contract version) to
+        today's version, in one transaction: ``old`` is blocked (``proposal_migrated``,
+        its approvals void with it) and its call proposed afresh under today's contract
+        as ``authorised`` allowed it, pending a new review, with a ``migration`` ledger
+        row naming both and ``by``. ProposalStale when ``old`` changed since it was read
+        (reviewed, dispatched, migrated by someone else): nothing is written."""
+        with self.store.transaction() as tx:
+            current = tx.get_proposal(old.id, for_update=True)
+            if current is None or (current.status, current.contract_version) != (
+                old.status,
+                old.contract_version,
+            ):
+                raise ProposalStale(old.id)
+            tx.update_proposal(
+                old.id, status=ProposalStatus.BLOCKED, reason_codes=["proposal_migrated"]
             )
-            # An id some call already used would only collide at dispatch, after a
-            # person reviewed the proposal: refuse it now.
-            used = tx.get_operation(request.tenant, authorised.operation_id)
-            if used is not None and (used.tool, used.params_digest) != (
+            stored, twins = self._write_proposal(tx, authorised, request)
+            tx.append(
+                LedgerEntry(
+                    kind="migration",
+                    tenant=old.tenant,
+                    principal=reviewer_name(by),
+                    tool=old.tool,
+                    contract_version=old.contract_version,
+                    operation_id=old.operation_id,
+                    proposal_id=old.id,
+                    decision_id=authorised.decision_id,
+                    policy_revision=authorised.revision,
+                    outcome="migrated",
+                    detail={
+                        "to": stored.id,
+                        "to_operation": stored.operation_id,
+                        "to_version": stored.contract_version,
+                        "from_status": old.status.value,
+                        **reviewer_detail(by),
+                    },
+                )
+            )
+        log.info("migrated proposal=%s to=%s version %d -> %d by=%s", old.id, stored.id,
+                 old.contract_version, stored.contract_version, by.id)  # fmt: skip
+        self._log_proposed(stored, twins)
+        return stored
+
+    def _write_proposal(
+        self, tx: Tx, authorised: Authorised, request: AgentRequest
+    ) -> tuple[ProposalRecord, list[str] | None]:
+        """Write the proposal ``authorised`` allowed, with its ledger row, in ``tx``:
+        the proposal and its unsettled twins, or the proposal its operation id already
+        made and None (nothing written)."""
+        contract = authorised.contract
+        # The same content as an operation whose outcome is still open (running, or
+        # unknown until looked up): approving this one may do it a second time. The
+        # proposal says so, to the agent and to its reviewers.
+        twins = [
+            twin
+            for twin in tx.unsettled_twins(
+                request.tenant, contract.name, authorised.prepared.digest
+            )
+            if twin != authorised.operation_id
+        ]
+        proposal = ProposalRecord(
+            id=f"prop-{uuid.uuid4().hex[:20]}",
+            tenant=request.tenant,
+            task_id=request.task_id,
+            proposer=request.principal,
+            environment=request.environment,
+            task=request.task.model_dump(mode="json"),
+            tool=contract.name,
+            contract_version=contract.version,
+            execution_action=contract.dispatch_action,
+            params=authorised.prepared.params,
+            params_digest=authorised.prepared.digest,
+            operation_id=authorised.operation_id,
+            decision_id=authorised.decision_id,
+            status=ProposalStatus.PENDING,
+            created_at=tx.now,
+            updated_at=tx.now,
+            unsettled_twins=twins,
+        )
+        # An id some call already used would only collide at dispatch, after a
+        # person reviewed the proposal: refuse it now.
+        used = tx.get_operation(request.tenant, authorised.operation_id)
+        if used is not None and (used.tool, used.params_digest) != (
+            proposal.tool,
+            proposal.params_digest,
+        ):
+            raise OperationConflict(
+                f"operation {quote(authorised.operation_id)} was used for another call "
+                "(tool or parameters differ); use a new operation id"
+            )
+        try:
+            stored = tx.insert_proposal(proposal)
+        except DuplicateOperation:
+            stored = None
+        if stored is None:
+            existing = tx.proposal_for_operation(request.tenant, authorised.operation_id)
+            if existing is None or (existing.tool, existing.params_digest) != (
                 proposal.tool,
                 proposal.params_digest,
             ):
                 raise OperationConflict(
-                    f"operation {quote(authorised.operation_id)} was used for another call "
-                    "(tool or parameters differ); use a new operation id"
-                )
-            try:
-                stored = tx.insert_proposal(proposal)
-            except DuplicateOperation:
-                stored = None
-            if stored is None:
-                existing = tx.proposal_for_operation(request.tenant, authorised.operation_id)
-                if existing is None or (existing.tool, existing.params_digest) != (
-                    proposal.tool,
-                    proposal.params_digest,
-                ):
-                    raise OperationConflict(
-                        f"operation {quote(authorised.operation_id)} was already proposed "
-                        "with other parameters"
-                    ) from None
-                return existing
-            tx.append(
-                entry(
-                    "proposal",
-                    authorised,
-                    proposal_id=stored.id,
-                    outcome=stored.status.value,
-                    detail={
-                        "task": request.task_id,
-                        "params_digest": stored.params_digest,
-                        "authenticated_by": request.authenticated_by or "library",
-                        **({"unsettled_twins": twins} if twins else {}),
-                    },
-                )
+                    f"operation {quote(authorised.operation_id)} was already proposed "
+                    "with other parameters"
+                ) from None
+            return existing, []
+        tx.append(
+            entry(
+                "proposal",
+                authorised,
+                proposal_id=stored.id,
+                outcome=stored.status.value,
+                detail={
+                    "task": request.task_id,
+                    "params_digest": stored.params_digest,
+                    "authenticated_by": request.authenticated_by or "library",
+                    **({"unsettled_twins": twins} if twins else {}),
+                },
             )
+        )
+        return stored, twins
+
+    @staticmethod
+    def _log_proposed(stored: ProposalRecord, twins: list[str] | None) -> None:
+        if twins is None:  # proposed before, under this operation id: nothing new
+            return
         log.info(
             "proposed tool=%s proposal=%s operation=%s decision=%s",
-            contract.name,
+            stored.tool,
             stored.id,
             stored.operation_id,
             stored.decision_id,
@@ -200,7 +263,6 @@ class Proposals:
                 stored.id,
                 ",".join(twins),
             )
-        return stored
 
     def review(
         self,

@@ -7,12 +7,17 @@ dispatches under version 1 (its limit, its schemas; the outcome and the ledger s
 version 1), while every new proposal is made and decided under version 2. Without
 it, the same proposal is blocked as ``version_mismatch``. A kept copy that is not
 what was served as version 1 is refused at start, and a kept version must be older
-than today's, of a reviewed tool the catalogue has.
+than today's, of a reviewed tool the catalogue has. ``Gateway.migrate`` and
+``capgate proposals migrate`` move a proposal to today's version explicitly: proposed
+again under today's contract (a call it refuses changes nothing), the old one blocked
+as ``proposal_migrated`` with its approvals, the new one pending a review of its
+own, recorded, and only within the operator's own tenant.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +26,19 @@ from typing import Any
 import pytest
 import yaml
 
-from capgate.cli.main import main
+from capgate.adapters.fronts.people import current_os_user
+from capgate.cli.main import EXIT_DENIED, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.demo.tools.sales_desk import SalesDesk
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
-from capgate.gateway.errors import CapabilityViolation, CatalogueError
+from capgate.gateway.errors import (
+    CapabilityViolation,
+    CatalogueError,
+    InvalidInput,
+    UnknownProposal,
+)
 from capgate.gateway.model.contracts import Catalogue
+from capgate.gateway.model.facts import Reviewer
 from capgate.gateway.opa.sidecar import PolicySidecar
 from capgate.gateway.service.gateway import Gateway
 from capgate.gateway.service.versions import pin_contracts
@@ -219,3 +231,108 @@ def test_explain_says_which_version_decided(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "contract: version 2\n" in out
     assert "version_mismatch" in out
+
+
+# -- moving proposals to today's version ---------------------------------------------------
+
+OPERATOR = Reviewer(id="olga", role="controller", tenant="acme", kind="operator",
+                    authenticated_by="os-user:olga")  # fmt: skip
+
+
+def test_migrating_proposes_again_under_todays_version_and_voids_the_approval(
+    catalogues, sidecars, store
+):
+    seed(store, budget_limit=None)
+    old, _ = gateway("v1", catalogues, sidecars, store)
+    small = {**PAYMENT, "amount_cents": 90_000}
+    request = agent_request(FINANCE, PAY_TASK)
+    old.call(request, "invoice.check_approval", {"invoice_id": "inv-9"})
+    within = old.call(request, "payment.execute", small)
+    over = approved_payment(old)  # 1,200.00: over version 2's limit
+    assert isinstance(within, ProposalRecord)
+    old.review(within.id, CONTROLLER, "approved")
+
+    new, desk = gateway("v2 keeping v1", catalogues, sidecars, store)
+    # Today's policy refuses the larger payment: nothing changes, the refusal is recorded.
+    with pytest.raises(CapabilityViolation) as refused:
+        new.migrate(over.id, by=OPERATOR)
+    assert refused.value.reason_codes == ["value_over_limit"]
+    assert proposal_of(store, over.id).status is ProposalStatus.APPROVED
+
+    moved = new.migrate(within.id, by=OPERATOR)
+    assert (moved.contract_version, moved.status) == (2, ProposalStatus.PENDING)
+    assert moved.params == within.params
+    assert moved.operation_id != within.operation_id
+    assert moved.proposer == within.proposer
+    gone = proposal_of(store, within.id)
+    assert (gone.status, gone.reason_codes) == (ProposalStatus.BLOCKED, ["proposal_migrated"])
+    (row,) = [r for r in store.ledger() if r.kind == "migration"]
+    assert (row.principal, row.proposal_id, row.contract_version) == (
+        "olga/controller", within.id, 1
+    )  # fmt: skip
+    assert (row.detail["to"], row.detail["to_version"]) == (moved.id, 2)
+    assert row.detail["authenticated_by"] == "os-user:olga"
+
+    # The approval stayed with the old proposal: the new one needs its own.
+    with pytest.raises(CapabilityViolation) as early:
+        new.dispatch(moved.id)
+    assert "approval_required" in early.value.reason_codes
+    new.review(moved.id, CONTROLLER, "approved")
+    outcome = new.dispatch(moved.id)
+    assert (outcome.ok, outcome.version) == (True, 2)
+    with pytest.raises(CapabilityViolation) as blocked:
+        new.dispatch(within.id)
+    assert "proposal_not_approved" in blocked.value.reason_codes
+    assert [p["amount_cents"] for p in desk.payments.values()] == [90_000]
+
+    # Nothing to migrate twice, and nothing of another tenant's.
+    with pytest.raises(InvalidInput, match="only a pending or approved proposal"):
+        new.migrate(within.id, by=OPERATOR)
+    today = new.call(request, "payment.execute", {**small, "amount_cents": 80_000})
+    assert isinstance(today, ProposalRecord)
+    with pytest.raises(InvalidInput, match="already, the catalogue's"):
+        new.migrate(today.id, by=OPERATOR)
+    stranger = OPERATOR.model_copy(update={"tenant": "globex"})
+    with pytest.raises(UnknownProposal):
+        new.migrate(over.id, by=stranger)
+
+
+def _operator_config(folder: Path, tenant: str = "acme") -> str:
+    path = folder / f"operator-{tenant}.yaml"
+    operator = {"os_user": current_os_user(), "id": "olga", "role": "controller",
+                "tenant": tenant}  # fmt: skip
+    path.write_text(json.dumps({"tools": "capgate.demo.tools.sales_desk:SalesDesk",
+                                "operators": [operator]}), encoding="utf-8")  # fmt: skip
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_the_command_line_migrates_a_tools_proposals(
+    catalogues, sidecars, store, store_url: str, tmp_path: Path, capsys
+):
+    seed(store, budget_limit=None)
+    old, _ = gateway("v1", catalogues, sidecars, store)
+    over = approved_payment(old)
+    request = agent_request(FINANCE, PAY_TASK)
+    within = old.call(request, "payment.execute", {**PAYMENT, "amount_cents": 90_000})
+    keeping = bumped(tmp_path / "keeping", keep=[payment_v1()])
+    base = ["proposals", "migrate", "--catalogue", str(keeping), "--store", store_url,
+            "--config", _operator_config(tmp_path)]  # fmt: skip
+    assert main([*base, "--tool", "payment.execute", "--json"]) == EXIT_DENIED
+    said = json.loads(capsys.readouterr().out)
+    results = {r["proposal"]: r for r in said["results"]}
+    assert said["by"] == "olga"
+    assert results[over.id]["migrated"] is False
+    assert [r["code"] for r in results[over.id]["reasons"]] == ["value_over_limit"]
+    assert results[within.id]["migrated"] is True
+    assert results[within.id]["version"] == 2
+    # Done: nothing is left under version 1 that today's policy would take.
+    assert main([*base, within.id]) == EXIT_DENIED
+    assert "only a pending or approved proposal is migrated" in capsys.readouterr().out
+    # Another tenant's operator sees no proposals to move, and cannot name one.
+    globex = [*base[:-1], _operator_config(tmp_path, "globex")]
+    assert main([*globex, "--tool", "payment.execute"]) == EXIT_OK
+    assert "nothing to migrate" in capsys.readouterr().out
+    assert main([*globex, over.id]) == EXIT_DENIED
+    assert "unknown_proposal" in capsys.readouterr().out
+    assert proposal_of(store, over.id).status is ProposalStatus.APPROVED

@@ -55,6 +55,7 @@ from capgate.cli.commands.common import (
     ttl,
     when,
 )
+from capgate.cli.commands.migrate import add_migrate
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
 from capgate.gateway.digest import params_digest
 from capgate.gateway.errors import (
@@ -470,7 +471,7 @@ def register(sub: Actions) -> None:
     proposals = add_group(
         sub,
         "proposals",
-        "list, show, approve and reject proposals",
+        "list, show, approve, reject and migrate proposals",
         "Calls of tools that need review are recorded as proposals: the exact content "
         "and recipient, their digest and an operation id. A reviewer approves or "
         "rejects each, if OPA's review policy lets them.\n\n" + _DISPATCH_NOTE,
@@ -515,6 +516,7 @@ def register(sub: Actions) -> None:
     )
     show.add_argument("proposal", metavar="PROPOSAL", help="the proposal id")
     add_json(show, "the proposal, its reviews and its operation")
+    add_migrate(proposals, _operator)
 
     for name, run, what in (
         ("approve", _approve, "approve a pending proposal, if the review policy lets you"),
