@@ -24,6 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -52,6 +53,7 @@ from capgate.gateway.opa.sidecar import PolicySidecar, opa_address
 from capgate.gateway.policy.address import OPAAddress
 from capgate.gateway.policy.client import Exchange
 from capgate.gateway.service.credentials import CredentialResolver
+from capgate.gateway.service.fixtures import check_fixtures
 from capgate.gateway.service.gateway import Gateway, StepTiming
 from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices.notifier import Notifier
@@ -214,13 +216,16 @@ def start_gateway(
     on_step: Callable[[StepTiming], None] | None = None,
 ) -> Started:
     """Pin the catalogue's contract versions (:mod:`capgate.gateway.service.versions`),
-    attach the upstream servers, start OPA, build the gateway, reconcile what a
-    previous process left open, and keep reconciling; all closed with ``stack``.
+    attach the upstream servers, start OPA, ask it the catalogue's fixtures
+    (:func:`~capgate.gateway.service.fixtures.check_fixtures`), build the gateway,
+    reconcile what a previous process left open, and keep reconciling; all closed
+    with ``stack``.
     Each decision is logged, and told to ``observers`` (the metrics), as are each
     round trip to OPA (``on_exchange``) and each step's time (``on_step``)."""
     # Before anything starts: a contract changed under a version the store has served
-    # stops the start here, naming the version to give it.
-    pin_contracts(store, catalogue)
+    # stops the start here, naming the version to give it. The new versions are pinned
+    # once the fixtures hold (below): a start that fails pins nothing.
+    pin_contracts(store, catalogue, check_only=True)
     if parts.upstreams:  # servers start at their first call, and stop with the stack
         try:
             from capgate.adapters.tools.mcp import McpTools
@@ -247,6 +252,10 @@ def start_gateway(
             on_exchange=on_exchange,
         )
     )
+    # The catalogue's own representative calls (fixtures.yaml), asked of the OPA that
+    # is about to serve: one that does not get its decision stops the start.
+    check_fixtures(catalogue, sidecar.client, datetime.now(UTC))
+    pin_contracts(store, catalogue)
     gateway = Gateway(
         catalogue,
         sidecar.client,

@@ -31,6 +31,7 @@ from capgate.gateway.model.contracts import (
     ToolContract,
 )
 from capgate.gateway.model.facts import Identifier
+from capgate.gateway.model.fixtures import Fixture
 
 __all__ = ["CATALOGUE_FILES", "OPTIONAL_FILES", "load_catalogue"]
 
@@ -45,7 +46,11 @@ CATALOGUE_FILES: Mapping[str, str] = {
 #: The files a catalogue directory may hold, each with its single top-level key:
 #: the currency table only the catalogues with ``derive: converted`` values need,
 #: and the earlier versions of reviewed tools kept for the proposals made under them.
-OPTIONAL_FILES: Mapping[str, str] = {"currencies.yaml": "currencies", "retained.yaml": "retained"}
+OPTIONAL_FILES: Mapping[str, str] = {
+    "currencies.yaml": "currencies",
+    "retained.yaml": "retained",
+    "fixtures.yaml": "fixtures",
+}
 
 _IDENTIFIER: TypeAdapter[str] = TypeAdapter(Identifier)
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -298,6 +303,39 @@ def _load_retained(section: object, problems: list[str]) -> dict[str, dict[int, 
     return retained
 
 
+def _load_fixtures(section: object, problems: list[str]) -> list[Fixture]:
+    """Validate ``fixtures.yaml``: a list of sample calls with their decisions."""
+    if section is None:
+        return []
+    if not isinstance(section, list):
+        problems.append(
+            f"fixtures.yaml: 'fixtures': expected a list of fixtures, got {_kind(section)}"
+        )
+        return []
+    fixtures = []
+    for index, raw in enumerate(section):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        where = f"fixtures.yaml: fixtures[{index}]"
+        if isinstance(name, str) and name:
+            where = f"fixtures.yaml: fixture {quote(name, 80)} (fixtures[{index}])"
+        fixture = _validate(Fixture, raw, where, problems)
+        if fixture is not None:
+            fixtures.append(fixture)
+    names = [f.name for f in fixtures]
+    problems += [
+        f"fixtures.yaml: fixture {quote(name, 80)}: the name is given to more than one fixture"
+        for name in sorted({n for n in names if names.count(n) > 1})
+    ]
+    return fixtures
+
+
+def _file_of(problem: str) -> str:
+    """The file a cross-check's problem is about."""
+    if problem.startswith("retained "):
+        return "retained.yaml"
+    return "fixtures.yaml" if problem.startswith("fixture ") else "tools.yaml"
+
+
 def _load_named(
     file: str,
     label: str,
@@ -386,16 +424,18 @@ def load_catalogue(directory: Path) -> Catalogue:
             CurrencyTable, sections["currencies.yaml"], "currencies.yaml: currencies", problems
         )
     retained = _load_retained(sections["retained.yaml"], problems)
+    fixtures = _load_fixtures(sections["fixtures.yaml"], problems)
     if problems:
         raise CatalogueError(problems)
     try:
-        return Catalogue(
+        catalogue = Catalogue(
             tools=tools,
             roles=roles,
             task_types=task_types,
             budget_classes=budget_classes,
             currencies=currencies,
             retained=retained,
+            fixtures=fixtures,
         )
     except ValidationError as exc:
         # The cross-file checks (reviewers, evidence, execution actions) live on the
@@ -404,8 +444,6 @@ def load_catalogue(directory: Path) -> Catalogue:
         for error in exc.errors():
             cause = error.get("ctx", {}).get("error")
             found = cause.problems if isinstance(cause, CatalogueProblems) else [error["msg"]]
-            problems += [
-                f"{'retained.yaml' if problem.startswith('retained ') else 'tools.yaml'}: {problem}"
-                for problem in found
-            ]
+            problems += [f"{_file_of(problem)}: {problem}" for problem in found]
         raise CatalogueError(problems) from None
+    return catalogue

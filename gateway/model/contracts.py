@@ -32,6 +32,7 @@ from pydantic import (
 
 from capgate.gateway.errors import quote
 from capgate.gateway.model.facts import Identifier
+from capgate.gateway.model.fixtures import Fixture
 from capgate.gateway.schema.load_check import check_schema
 
 __all__ = [
@@ -714,6 +715,9 @@ class Catalogue(_Spec):
     #: (``retained.yaml``): by tool name, then version. A proposal dispatches under
     #: the version it was proposed and approved under while it is kept here.
     retained: dict[Identifier, dict[int, ToolContract]] = Field(default_factory=dict)
+    #: Sample calls with the decisions they must get (``fixtures.yaml``): asked of
+    #: OPA before the catalogue is served, and by ``capgate diff``. Not policy data.
+    fixtures: list[Fixture] = Field(default_factory=list, max_length=1000)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Catalogue:
@@ -737,6 +741,11 @@ class Catalogue(_Spec):
         problems += self._review_problems() + self._evidence_problems()
         problems += self._upstream_problems() + self._currency_problems()
         problems += self._retained_problems()
+        problems += [
+            f"fixture {quote(fixture.name, 80)}: field 'tool': unknown tool {quote(fixture.tool)}"
+            for fixture in self.fixtures
+            if fixture.tool not in self.tools
+        ]
         if problems:
             raise CatalogueProblems(problems)
         return self

@@ -28,16 +28,22 @@ __all__ = ["pin_contracts"]
 log = logging.getLogger("capgate.service")
 
 
-def pin_contracts(store: Store, catalogue: Catalogue) -> list[ContractPin]:
+def pin_contracts(
+    store: Store, catalogue: Catalogue, *, check_only: bool = False
+) -> list[ContractPin]:
     """Pin every contract version of ``catalogue`` not pinned yet, in one transaction;
     the pins it made. CatalogueError, with one problem per tool, when a pinned
-    version's content changed: then nothing is pinned."""
+    version's content changed: then nothing is pinned. ``check_only``: the same
+    check, reading only (a start checks before OPA is started, and pins once the
+    catalogue's fixtures hold, so that a start that fails pins nothing)."""
     problems: list[str] = []
     made: list[ContractPin] = []
-    with store.transaction() as tx:
+    with store.transaction(read_only=check_only) as tx:
         newest: dict[str, int] = {}
+        pinned: dict[tuple[str, int], ContractPin] = {}
         for pin in tx.contract_pins():
             newest[pin.tool] = max(newest.get(pin.tool, 0), pin.version)
+            pinned[(pin.tool, pin.version)] = pin
         contracts = [("tools.yaml", c) for _, c in sorted(catalogue.tools.items())]
         contracts += [
             ("retained.yaml", kept)
@@ -46,16 +52,24 @@ def pin_contracts(store: Store, catalogue: Catalogue) -> list[ContractPin]:
         ]
         for file, contract in contracts:
             name, digest = contract.name, contract_digest(contract)
-            pin, new = tx.pin_contract(name, contract.version, digest)
-            if new:
-                made.append(pin)
-            elif pin.digest != digest and file == "retained.yaml":
+            found = pinned.get((name, contract.version))
+            if found is None and check_only:
+                continue  # to be pinned by the start that serves it
+            if found is None:
+                found, new = tx.pin_contract(name, contract.version, digest)
+                if new:
+                    made.append(found)
+                    continue
+            pin = found
+            if pin.digest == digest:
+                continue
+            if file == "retained.yaml":
                 problems.append(
                     f"retained.yaml: tool {name!r} version {contract.version}: this is not "
                     f"the contract first served as version {contract.version} (on "
                     f"{to_text(pin.pinned_at)}): keep that one exactly, or none"
                 )
-            elif pin.digest != digest:
+            else:
                 bump = max(newest.get(name, 0), contract.version) + 1
                 problems.append(
                     f"tools.yaml: tool {name!r}: field 'version': version {contract.version} "

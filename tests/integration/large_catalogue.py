@@ -26,6 +26,7 @@ def write_large_catalogue(folder: Path, *, vary_environments: bool = False) -> l
     the others in staging and production; otherwise each keeps the first tool's.
     """
     shutil.copytree(demo_catalogue_dir("sales"), folder)
+    (folder / "fixtures.yaml").unlink()  # they name the demo's tools, replaced here
     tools_file = folder / "tools.yaml"
     template = yaml.safe_load(tools_file.read_text(encoding="utf-8"))["tools"][0]
     tools = []

@@ -236,6 +236,24 @@ def stdio_state(
     }
 
 
+def run_worker(catalogue: Path, store: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """``capgate worker`` on ``catalogue`` and ``store`` in a process of its own, as an
+    operator runs it (its logging set-up stays there), with the demo desk's tools:
+    for a start that must be refused, so it is waited for (within the hang bound)."""
+    config = folder / "worker.yaml"
+    config.write_text("tools: capgate.demo.tools.sales_desk:SalesDesk\n", encoding="utf-8")
+    config.chmod(0o600)
+    return subprocess.run(
+        [str(CAPGATE), "worker", "--catalogue", str(catalogue), "--store", store,
+         "--config", str(config)],
+        env=server_env(folder / "record.jsonl"),
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+        check=False,
+    )  # fmt: skip
+
+
 def linking_catalogue(folder: Path) -> Path:
     """The demo catalogue copied to ``folder``, in which invoice payments work on the
     recorded links and a ``work_order`` role may link invoices (#21)."""

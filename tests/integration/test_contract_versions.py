@@ -11,7 +11,6 @@ refuses to start on such a catalogue before OPA is started.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ from capgate.gateway.errors import CatalogueError
 from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.service.versions import pin_contracts
 from capgate.gateway.state.store import SCHEMA_VERSION, Store
-from tests.hang import HANG_SECONDS
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
-from tests.integration.mcp_server_support import CAPGATE, server_env
+from tests.integration.mcp_server_support import run_worker
 from tests.integration.store_support import FakeClock
 
 pytestmark = pytest.mark.integration
@@ -131,19 +129,7 @@ def test_the_worker_refuses_to_start_on_a_changed_contract(
     pin_contracts(store, load_catalogue(demo_catalogue_dir("sales")))
     quote = load_catalogue(demo_catalogue_dir("sales")).tools["quote.prepare_send"]
     folder = edited_folder(tmp_path, quote.name, roles=[*quote.roles, "finance"])
-    config = tmp_path / "worker.yaml"
-    config.write_text("tools: capgate.demo.tools.sales_desk:SalesDesk\n", encoding="utf-8")
-    config.chmod(0o600)
-    # In a process of its own, as an operator runs it (its logging set-up stays there).
-    done = subprocess.run(
-        [str(CAPGATE), "worker", "--catalogue", str(folder), "--store", store_url,
-         "--config", str(config)],
-        env=server_env(tmp_path / "record.jsonl"),
-        capture_output=True,
-        text=True,
-        timeout=HANG_SECONDS,
-        check=False,
-    )  # fmt: skip
+    done = run_worker(folder, store_url, tmp_path)
     assert done.returncode == EXIT_ERROR, done.stderr
     assert "tool 'quote.prepare_send': field 'version': version 1" in done.stderr
     assert "give it version 2" in done.stderr

@@ -719,3 +719,39 @@ def test_the_html_page_loads_in_chromium_with_its_grid_and_nothing_else(scratch,
         wanted = os.environ.get("CAPGATE_DIFF_SCREENSHOTS")
         if wanted:
             page.screenshot(path=str(Path(wanted) / "diff-grid.png"))
+
+
+def test_the_catalogues_fixtures_are_shown_at_both_sides(scratch, capsys):
+    path = scratch / "catalogue" / "tools.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    payment = next(t for t in document["tools"] if t["name"] == "payment.execute")
+    payment["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    commit(scratch, "a lower payment limit")
+
+    report = diff_json(capsys, scratch, "HEAD~1", "HEAD")
+    rows = {row["name"]: row for row in report["fixtures"]}
+    names = [f.name for f in load_catalogue(scratch / "catalogue").fixtures]
+    assert list(rows) == names  # every fixture, in the catalogue's order
+    within = rows["a finance agent proposes paying an approved invoice within its limit"]
+    assert within["base"] == {"allow": True, "codes": []}
+    assert within["head"] == {"allow": False, "codes": ["value_over_limit"]}
+    assert within["holds"] is False
+    unchanged = rows["a support agent reads a contact linked to its task"]
+    assert unchanged["base"] == unchanged["head"] == {"allow": True, "codes": []}
+    assert unchanged["holds"] is True
+    assert [r["name"] for r in report["fixtures"] if not r["holds"]] == [
+        "a finance agent proposes paying an approved invoice within its limit",
+        "a payment above 2,000.00 EUR dispatches only with two approvers",
+    ]
+
+    code, out, _ = diff(capsys, scratch, "HEAD~1", "HEAD")
+    assert code == EXIT_OK
+    assert "fixtures: 5: 3 decided at head as they expect, 2 not; 2 decided otherwise" in out
+    assert (
+        "FIXTURE FAILS: a finance agent proposes paying an approved invoice within its limit "
+        "(payment.execute): allowed => denied (value_over_limit); expects allowed"
+    ) in out
+    code, markdown, _ = diff(capsys, scratch, "HEAD~1", "HEAD", "--markdown")
+    assert "| a support agent reads a contact linked to its task | `contact.read` |" in markdown
+    assert "| **no** |" in markdown

@@ -29,6 +29,12 @@ info string                        rule
 ``yaml retained.yaml``             an optional catalogue file: beside the docs catalogue
                                    with each kept tool's version raised by one, it loads
                                    and keeps exactly that tool's former contract.
+``yaml fixtures.yaml``             an optional catalogue file: beside the docs catalogue
+                                   it loads, leaves the digest alone, and each fixture
+                                   gets its decision from OPA.
+``text fixture-refused``           produced for real by the demo's sales catalogue with
+                                   its finance limit lowered to 1,000.00 EUR (the first
+                                   of the problems it gives).
 ``json compose-input``             a valid ``ComposeInput``; OPA composes it against the
                                    docs catalogue.
 ``json compose-decision``          a valid ``ComposeDecision``, equal to OPA's answer to
@@ -154,6 +160,7 @@ from capgate.gateway.model.contracts import Catalogue, ToolContract
 from capgate.gateway.model.decisions import ComposeDecision, ExecuteDecision, Reason
 from capgate.gateway.model.facts import ComposeInput, ExecuteInput, Principal
 from capgate.gateway.opa.sidecar import OPA_URL_ENV, PolicySidecar
+from capgate.gateway.service.fixtures import check_fixtures
 from capgate.gateway.service.health import Readiness, store_check, worker_check
 from capgate.gateway.service.notices import NoticeSettings
 from capgate.gateway.service.notices.events import event_id, notice_body
@@ -236,6 +243,8 @@ RULES: dict[str, Callable[[Block], bool]] = {
     "catalogue-tools": lambda b: b.lang == "yaml" and b.tag == "catalogue-tools",
     "catalogue-currencies": lambda b: b.lang == "yaml" and b.tag == "currencies.yaml",
     "catalogue-retained": lambda b: b.lang == "yaml" and b.tag == "retained.yaml",
+    "catalogue-fixtures": lambda b: b.lang == "yaml" and b.tag == "fixtures.yaml",
+    "fixture-refused": lambda b: b.lang == "text" and b.tag == "fixture-refused",
     **{name: (lambda b, name=name: b.lang == "json" and b.tag == name) for name in JSON_DOCUMENTS},
     "catalogue-errors": lambda b: b.lang == "text" and b.tag == "catalogue-errors",
     "catalogue-error-format": lambda b: b.lang == "text" and b.tag == "catalogue-error-format",
@@ -440,6 +449,44 @@ def test_a_kept_version_loads_beside_its_successor(
             # Exactly the contract the docs catalogue serves under that version.
             assert contract == docs_catalogue.tools[name], (name, version)
             assert keeping.tools[name].version == version + 1
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("catalogue-fixtures"), ids=ids(blocks_of("catalogue-fixtures"))
+)
+def test_the_fixtures_block_gets_its_decisions(
+    block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
+):
+    folder = tmp_path / "with-fixtures"
+    shutil.copytree(docs_catalogue_dir, folder)
+    (folder / block.tag).write_text(block.text, encoding="utf-8")
+    with_fixtures = load_catalogue(folder)
+    assert with_fixtures.fixtures, str(block)
+    assert compile_catalogue(with_fixtures) == compile_catalogue(docs_catalogue)
+    with PolicySidecar(with_fixtures, timeout=ANSWER_TIMEOUT) as sidecar:
+        outcomes = check_fixtures(with_fixtures, sidecar.client, datetime.now(UTC))
+    assert len(outcomes) == len(with_fixtures.fixtures)
+
+
+@pytest.mark.parametrize(
+    "block", blocks_of("fixture-refused"), ids=ids(blocks_of("fixture-refused"))
+)
+def test_a_fixture_refusal_is_real(block: Block, tmp_path: Path):
+    folder = tmp_path / "lowered"
+    shutil.copytree(SALES, folder)
+    path = folder / "tools.yaml"
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for tool in document["tools"]:
+        if tool["name"] == "payment.execute":
+            tool["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    lowered = load_catalogue(folder)
+    with (
+        PolicySidecar(lowered, timeout=ANSWER_TIMEOUT) as sidecar,
+        pytest.raises(CatalogueError) as refused,
+    ):
+        check_fixtures(lowered, sidecar.client, datetime.now(UTC))
+    assert refused.value.problems[0] == block.text.strip(), str(block)
 
 
 @pytest.mark.parametrize(

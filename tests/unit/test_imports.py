@@ -180,7 +180,8 @@ def test_the_core_rooms_form_no_circle() -> None:
 
 #: ``capgate diff``'s steps in the order they run, each importing only the ones before it.
 DIFF_STEPS = (
-    "matrix", "queries", "sides", "calls", "evaluate", "compare", "report", "grid", "page",
+    "matrix", "queries", "sides", "calls", "evaluate", "fixtures", "compare", "report", "grid",
+    "page",
     "command",
 )  # fmt: skip
 

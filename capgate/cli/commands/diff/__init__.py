@@ -20,6 +20,8 @@ before it:
 - ``calls``: the execute questions, a complete call of each tool both sides show and
   that call with one thing wrong;
 - ``evaluate``: one side's questions put to ``opa eval`` in batches, each within a bound;
+- ``fixtures``: the catalogues' own representative calls (``fixtures.yaml``), asked of
+  both sides;
 - ``compare``: the decisions that flip between the two sides;
 - ``report``: the flips as text, Markdown or JSON;
 - ``grid``: the role x tool grids of a report, per scenario group and overall;

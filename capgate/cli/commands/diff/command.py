@@ -36,6 +36,7 @@ from capgate.cli.commands.common import (
 from capgate.cli.commands.diff.calls import Ask, calls_to_ask
 from capgate.cli.commands.diff.compare import compare, compare_calls
 from capgate.cli.commands.diff.evaluate import evaluate, evaluate_calls
+from capgate.cli.commands.diff.fixtures import evaluate_fixtures
 from capgate.cli.commands.diff.matrix import Matrix
 from capgate.cli.commands.diff.page import render
 from capgate.cli.commands.diff.report import Report
@@ -115,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
                     for s in (base, head)
                 ]:
                     running.result()
+        fixtures = evaluate_fixtures(base, head, opa, datetime.now(UTC))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     flips = compare(base, head, scenarios) + compare_calls(base, head, scenarios, asks)
     report = Report(base, head, matrix, scenarios, flips, args.show, (len(asks), total), asks)
+    report.fixtures = fixtures
     if args.html is not None:
         _write_html(args.html, render(report))
     if args.json:

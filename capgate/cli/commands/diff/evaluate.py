@@ -37,7 +37,7 @@ from capgate.cli.commands.diff.sides import Side
 from capgate.gateway.errors import PolicyUnavailable
 from capgate.gateway.policy.timeouts import whole_catalogue_timeout
 
-__all__ = ["eval_seconds", "evaluate", "evaluate_calls"]
+__all__ = ["eval_seconds", "evaluate", "evaluate_calls", "evaluate_inputs"]
 
 #: Scenarios per ``opa eval``: a progress line each.
 _BATCH: Final = 100
@@ -186,6 +186,16 @@ def evaluate_calls(
         call_input(matrix, scenarios[a.scenario], side.catalogue.tools[a.tool], a.variant, now)
         for a in asks
     ]
+    side.calls.extend(evaluate_inputs(side, opa, inputs))
+
+
+def evaluate_inputs(
+    side: Side, opa: Path, inputs: list[dict[str, Any]]
+) -> list[tuple[bool, frozenset[str]]]:
+    """Ask ``side`` each execute input, a batch an ``opa eval``: allowed, and the
+    deny's codes, one an input (the calls, and the catalogue's fixtures)."""
     undefined = "the execute decision was undefined for some calls"
+    answers: list[tuple[bool, frozenset[str]]] = []
     for _, values in _batches(side, opa, CALL_QUERY, inputs, "calls", undefined):
-        side.calls.extend((bool(v["allow"]), frozenset(v["codes"])) for v in values)
+        answers.extend((bool(v["allow"]), frozenset(v["codes"])) for v in values)
+    return answers

@@ -29,6 +29,7 @@ from capgate.cli.commands.diff.compare import (
     WIDENING,
     Flip,
 )
+from capgate.cli.commands.diff.fixtures import FixtureRow
 from capgate.cli.commands.diff.matrix import Matrix, Scenario
 from capgate.cli.commands.diff.sides import Side
 
@@ -70,6 +71,23 @@ class Report:
     calls: tuple[int, int] = (0, 0)
     #: the calls asked, in the order of each side's ``calls`` answers
     asks: Sequence[Ask] = ()
+    #: the catalogues' own representative calls, as both sides decide them
+    fixtures: Sequence[FixtureRow] = ()
+
+    @property
+    def fixtures_failing(self) -> list[FixtureRow]:
+        """The fixtures the head does not decide as they expect."""
+        return [row for row in self.fixtures if not row.holds]
+
+    def describe_fixtures(self) -> str:
+        if not self.fixtures:
+            return "none (the catalogue has no fixtures.yaml)"
+        changed = sum(1 for row in self.fixtures if row.changed)
+        failing = len(self.fixtures_failing)
+        return (
+            f"{len(self.fixtures)}: {len(self.fixtures) - failing} decided at head as they "
+            f"expect, {failing} not; {changed} decided otherwise than at base"
+        )
 
     @property
     def widened(self) -> int:
@@ -94,8 +112,17 @@ class Report:
             f"matrix: {self.matrix.describe()}",
             f"reasons: base from {self.base.reasons_from}, head from {self.head.reasons_from}",
             f"calls: {self.describe_calls()}",
+            f"fixtures: {self.describe_fixtures()}",
             self.summary(),
         ]
+        for row in self.fixtures:
+            if row.changed or not row.holds:
+                expect, before, after = row.texts()
+                mark = "FIXTURE FAILS" if not row.holds else "fixture changed"
+                lines.append(
+                    f"  {mark}: {safe(row.fixture.name)} ({safe(row.fixture.tool)}): "
+                    f"{safe(before)} => {safe(after)}; expects {safe(expect)}"
+                )
         if self.widened:
             lines.append(
                 f"WIDENED: {self.widened} decision(s) hidden or denied at base are visible "
@@ -123,9 +150,19 @@ class Report:
             f"Matrix: {self.matrix.describe()}.",
             f"Reasons: base from `{self.base.reasons_from}`, head from `{self.head.reasons_from}`.",
             f"Calls: {self.describe_calls()}.",
+            f"Fixtures: {self.describe_fixtures()}.",
             "",
             f"**{self.summary()}**",
         ]
+        if self.fixtures:
+            lines += ["", "| fixture | tool | expects | base | head | holds |",
+                      "|---|---|---|---|---|---|"]  # fmt: skip
+            for row in self.fixtures:
+                expect, before, after = row.texts()
+                lines.append(
+                    f"| {_md(row.fixture.name)} | `{_md(row.fixture.tool)}` | {_md(expect)} "
+                    f"| {_md(before)} | {_md(after)} | {'yes' if row.holds else '**no**'} |"
+                )
         if self.widened:
             lines += [
                 "",
@@ -176,6 +213,7 @@ class Report:
             "counts": {kind: sum(1 for f in self.flips if f.kind == kind) for kind in KINDS},
             "widened": self.widened > 0,
             "flips": [flip.as_dict() for flip in self.flips],
+            "fixtures": [row.as_dict() for row in self.fixtures],
         }
 
 
