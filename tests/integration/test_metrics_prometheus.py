@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from capgate.adapters.fronts.mcp.config import token_digest
+from capgate.gateway.catalogue import load_catalogue
 from tests.hang import HANG_SECONDS, INNER_HANG_SECONDS
 from tests.integration.mcp_server_support import (
+    SALES,
     SALES_BOT,
     http_server,
     http_session,
@@ -127,7 +129,8 @@ def test_prometheus_scrapes_the_decisions_by_reason_code(tmp_path: Path):
                     seen = query(http, url)
                 assert seen == expected, (seen, (tmp_path / "prometheus.log").read_text()[-2000:])
                 # The same scrape carries the latencies (5 execute steps and 5 OPA
-                # round trips: 2 allowed, 3 denied) and OPA's readiness.
+                # round trips: 2 allowed, 3 denied; and the catalogue's fixtures,
+                # asked once at start) and OPA's readiness.
                 steps = query(
                     http, url, 'sum by (result) (capgate_step_seconds_count{step="execute"})',
                     by="result",
@@ -137,7 +140,8 @@ def test_prometheus_scrapes_the_decisions_by_reason_code(tmp_path: Path):
                     http, url, "sum by (question) (capgate_policy_exchange_seconds_count)",
                     by="question",
                 )  # fmt: skip
-                assert exchanges.get("execute") == 5.0, exchanges
+                fixtures = len(load_catalogue(SALES).fixtures)
+                assert exchanges.get("execute") == 5.0 + fixtures, exchanges
                 assert query(http, url, "capgate_opa_ready", by="") == {"": 1.0}
                 targets: Any = http.get(f"{url}/api/v1/targets").json()
                 [target] = targets["data"]["activeTargets"]

@@ -158,8 +158,21 @@ class Notifier:
         self.stop()
 
     def start(self) -> None:
+        """Start the loops, once each tenant's cursor exists: a tenant's first cursor
+        starts at the ledger's end (notices are not sent for what happened before),
+        so it is taken here, in the caller's thread, and every row written after
+        ``start`` returns is one the notices go on from, however late the loops
+        run on a busy machine."""
         if self._threads:
             raise RuntimeError("this notifier was started already")
+        for tenant in self.settings.tenants:
+            try:
+                self._hold(tenant)
+            except _Stopped:
+                pass  # another notifier holds it: its cursor exists
+            except CapgateError as exc:  # the loop tries again
+                log.warning("notifier %s: %s: could not take its cursor (%s)", self.name,
+                            tenant, exc.code)  # fmt: skip
         self._listener = self.store.listen("proposal_rows")
         threads = [threading.Thread(target=self._watch, name="capgate-notices", daemon=True)]
         for tenant in self.settings.tenants:
