@@ -6,18 +6,21 @@ policies folder, the catalogue and its digest, the OPA token (where it comes fro
 never its value) and the OPA address. The last check really asks that OPA: it starts
 the embedded one (and stops it), or contacts the external one with the token, asks
 whether it is ready (healthy, every bundle active) and compares the catalogue digest
-it serves with the local one.
+it serves with the local one, and asks it the catalogue's fixtures, as serve and
+worker do before they serve it.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from capgate.gateway.catalogue import compile_catalogue, load_catalogue
-from capgate.gateway.errors import CapgateError
+from capgate.gateway.errors import CapgateError, CatalogueError
+from capgate.gateway.model.contracts import Catalogue
 from capgate.gateway.opa.binary import SUPPORTED, find_opa
 from capgate.gateway.opa.policies import checkout_root, locate_policies
 from capgate.gateway.opa.sidecar import (
@@ -30,6 +33,7 @@ from capgate.gateway.opa.sidecar import (
     token_file_problem,
 )
 from capgate.gateway.policy.address import AddressOrigin, OPAAddress
+from capgate.gateway.service.fixtures import check_fixtures
 from capgate.gateway.version import __version__
 
 __all__ = ["Check", "run_doctor"]
@@ -134,13 +138,24 @@ def run_doctor(
         checks.append(Check("catalogue", False, f"{catalogue_dir}: {exc}"))
         return checks
     meta = compile_catalogue(catalogue)["meta"]
+    kept = sorted(
+        f"{name} v{version}"
+        for name, versions in catalogue.retained.items()
+        for version in versions
+    )
     checks.append(
         Check(
             "catalogue",
             True,
             f"{catalogue_dir}{catalogue_note}: {meta['tool_count']} tool(s), "
-            f"digest {meta['digest']}",
-            {"path": str(catalogue_dir), "digest": meta["digest"], "tools": meta["tool_count"]},
+            f"digest {meta['digest']}" + (f"; keeps {', '.join(kept)}" if kept else ""),
+            {
+                "path": str(catalogue_dir),
+                "digest": meta["digest"],
+                "tools": meta["tool_count"],
+                "kept_versions": kept,
+                "fixtures": len(catalogue.fixtures),
+            },
         )
     )
     external = opa_address(OPAAddress(opa_url, AddressOrigin.OPTION) if opa_url else None)
@@ -151,10 +166,13 @@ def run_doctor(
         if external
         else "embedded: capgate starts its own OPA on a private unix socket"
     )
+    fixtures: Check | None = None
     try:
         with PolicySidecar(catalogue, opa_url=external, opa_binary=opa_binary) as sidecar:
             address = sidecar.client.address
             healthy = sidecar.ready()
+            if healthy:
+                fixtures = _fixtures(catalogue, sidecar)
     except (CapgateError, ValueError, OSError) as exc:
         checks.append(Check("opa address", False, f"{where}; not usable: {exc}"))
         return checks
@@ -176,4 +194,24 @@ def run_doctor(
             },
         )
     )
+    if fixtures is not None:
+        checks.append(fixtures)
     return checks
+
+
+def _fixtures(catalogue: Catalogue, sidecar: PolicySidecar) -> Check:
+    """The catalogue's fixtures asked of the OPA, as serve and worker ask them before
+    they serve it: a failing one would stop them."""
+    count = len(catalogue.fixtures)
+    try:
+        check_fixtures(catalogue, sidecar.client, datetime.now(UTC))
+    except CatalogueError as failed:
+        problems = "; ".join(failed.problems[:3])
+        more = f" and {len(failed.problems) - 3} more" if len(failed.problems) > 3 else ""
+        detail = (
+            f"{len(failed.problems)} of {count} fixture(s) do not get their decision, so "
+            f"serve and worker refuse this catalogue: {problems}{more}"
+        )
+        return Check("fixtures", False, detail, {"fixtures": count, "failing": failed.problems})
+    what = f"{count} fixture(s), each decided as it expects" if count else "none (no fixtures.yaml)"
+    return Check("fixtures", True, what, {"fixtures": count, "failing": []})

@@ -12,6 +12,7 @@ expect (``tests/integration/test_diff.py``).
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from capgate.cli.main import EXIT_ERROR
+from capgate.cli.main import EXIT_ERROR, EXIT_OK, main
 from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import CatalogueError
@@ -153,3 +154,15 @@ def test_a_fixture_is_asked_as_the_gateway_would_ask_its_call():
     assert facts.approval.digest == facts.call.params_digest
     assert [a.by for a in facts.approval.approvers] == ["carl"]
     assert facts.connections == {"bank": "active"}
+
+
+def test_doctor_asks_the_fixtures_as_serve_would(tmp_path: Path, capsys):
+    assert main(["doctor", "--catalogue", str(SALES), "--json"]) == EXIT_OK
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["fixtures"]["ok"] is True
+    assert checks["fixtures"]["facts"]["fixtures"] == len(load_catalogue(SALES).fixtures)
+    lowered = copied(tmp_path / "lowered", limit=100_000)
+    assert main(["doctor", "--catalogue", str(lowered)]) == EXIT_ERROR
+    out = capsys.readouterr().out
+    assert "FAIL fixtures     2 of 5 fixture(s) do not get their decision" in out
+    assert "denied (value_over_limit)" in out
