@@ -755,3 +755,9 @@ def test_the_catalogues_fixtures_are_shown_at_both_sides(scratch, capsys):
     code, markdown, _ = diff(capsys, scratch, "HEAD~1", "HEAD", "--markdown")
     assert "| a support agent reads a contact linked to its task | `contact.read` |" in markdown
     assert "| **no** |" in markdown
+    # For CI: the change narrows, so --fail-on-widen passes; the fixtures do not.
+    assert diff(capsys, scratch, "HEAD~1", "HEAD", "--no-reasons", "--fail-on-widen")[0] == EXIT_OK
+    failing = diff(capsys, scratch, "HEAD~1", "HEAD", "--no-reasons", "--fail-on-fixtures")
+    assert failing[0] == EXIT_WIDENED
+    unchanged = diff(capsys, scratch, "HEAD", "HEAD", "--no-reasons", "--fail-on-fixtures")
+    assert unchanged[0] == EXIT_WIDENED  # the head's own fixtures fail, changed or not

@@ -59,7 +59,8 @@ _EXITS = (
     (EXIT_OK, "the report was printed (with --fail-on-widen: nothing was widened)"),
     (
         EXIT_WIDENED,
-        "--fail-on-widen, and a tool went hidden -> visible or a call denied -> allowed",
+        "--fail-on-widen, and a tool went hidden -> visible or a call denied -> allowed; or "
+        "--fail-on-fixtures, and the head decides a fixture otherwise than it expects",
     ),
     (EXIT_ERROR, "error: bad revision or path, a catalogue that does not load, OPA failed"),
 )
@@ -130,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown())
     else:
         print(report.text())
-    return EXIT_WIDENED if args.fail_on_widen and report.widened else EXIT_OK
+    if args.fail_on_widen and report.widened:
+        return EXIT_WIDENED
+    return EXIT_WIDENED if args.fail_on_fixtures and report.fixtures_failing else EXIT_OK
 
 
 def register(sub: Actions) -> None:
@@ -203,6 +206,12 @@ def register(sub: Actions) -> None:
         "--fail-on-widen",
         action="store_true",
         help=f"exit {EXIT_WIDENED} if any decision goes hidden -> visible or denied -> allowed",
+    )
+    parser.add_argument(
+        "--fail-on-fixtures",
+        action="store_true",
+        help=f"exit {EXIT_WIDENED} if the head decides one of the catalogue's fixtures "
+        "otherwise than it expects (serve and worker would refuse that catalogue)",
     )
     add_timeout(parser)
     parser.set_defaults(run=run)
