@@ -16,6 +16,7 @@ package capgate.execute
 
 import data.capgate.provenance
 import data.capgate.reasons as rendering
+import data.capgate.versions
 import data.capgate.visibility
 
 # METADATA
@@ -144,11 +145,8 @@ _name := object.get(_call, "tool", null)
 # proposal made under an earlier version the catalogue keeps (retained) is decided
 # under that version's contract; anything else under today's, whose version check
 # then denies a call naming another version (version_mismatch).
-_contract := kept if {
+_contract := versions.kept(data.capgate.catalogue, input.call.tool, input.call.version) if {
 	input.stage == "dispatch"
-	not _current.version == input.call.version
-	kept := data.capgate.catalogue.retained[input.call.tool][format_int(input.call.version, 10)]
-	is_object(kept)
 } else := _current if {
 	is_object(_current)
 }

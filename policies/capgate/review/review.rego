@@ -14,6 +14,7 @@ package capgate.review
 import data.capgate.provenance
 import data.capgate.quorum
 import data.capgate.reasons as rendering
+import data.capgate.versions
 
 # METADATA
 # title: Review decision
@@ -140,11 +141,8 @@ _tools := data.capgate.catalogue.tools if is_object(data.capgate.catalogue.tools
 # The contract the proposal was made under: a version the catalogue keeps for the
 # proposals made under it (retained), else today's (whose dispatch then denies a
 # proposal of another version as version_mismatch).
-_contract := kept if {
-	version := _proposal.version
-	not _tools[_name].version == version
-	kept := data.capgate.catalogue.retained[_name][format_int(version, 10)]
-	is_object(kept)
+_contract := versions.kept(data.capgate.catalogue, _name, _proposal.version) if {
+	is_string(_name)
 } else := _tools[_name] if {
 	is_object(_tools[_name])
 }
