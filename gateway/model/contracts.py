@@ -750,19 +750,26 @@ class Catalogue(_Spec):
             raise CatalogueProblems(problems)
         return self
 
+    def _reviewer_problems(self, tool: ToolContract, where: str) -> list[str]:
+        """Each reviewer role of ``tool`` is declared and approves its kind of approval
+        (``where`` names the contract: today's, or a kept version)."""
+        problems = []
+        for position, role in enumerate(tool.reviewers):
+            field = f"{where}: field 'reviewers[{position}]'"
+            spec = self.roles.get(role)
+            if spec is None:
+                problems.append(f"{field}: unknown role {quote(role)}")
+            elif tool.approval not in spec.approves:
+                problems.append(
+                    f"{field}: role {quote(role)} does not approve "
+                    f"{tool.approval.value!r} (add it to the role's approves)"
+                )
+        return problems
+
     def _review_problems(self) -> list[str]:
         problems = []
         for tool in self.tools.values():
-            for position, role in enumerate(tool.reviewers):
-                where = f"tool {quote(tool.name)}: field 'reviewers[{position}]'"
-                spec = self.roles.get(role)
-                if spec is None:
-                    problems.append(f"{where}: unknown role {quote(role)}")
-                elif tool.approval not in spec.approves:
-                    problems.append(
-                        f"{where}: role {quote(role)} does not approve "
-                        f"{tool.approval.value!r} (add it to the role's approves)"
-                    )
+            problems += self._reviewer_problems(tool, f"tool {quote(tool.name)}")
             if tool.needs_review and tool.execution_action in self.tools:
                 problems.append(
                     f"tool {quote(tool.name)}: field 'execution_action': "
@@ -861,13 +868,7 @@ class Catalogue(_Spec):
                     for position, role in enumerate(kept.roles)
                     if role not in self.roles
                 ]
-                for position, role in enumerate(kept.reviewers):
-                    spec = self.roles.get(role)
-                    if spec is None or kept.approval not in spec.approves:
-                        problems.append(
-                            f"{where}: field 'reviewers[{position}]': role {quote(role)} does "
-                            f"not approve {kept.approval.value!r}"
-                        )
+                problems += self._reviewer_problems(kept, where)
         return problems
 
     def contract_at(self, name: str, version: int | None) -> ToolContract | None:
