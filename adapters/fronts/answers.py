@@ -317,13 +317,10 @@ def verdict_answer(review: ReviewRecord, quorum: QuorumProgress | None = None) -
 
 
 def link_answer(
-    action: str, task_id: str, resource: ResourceRef, link: TaskLinkRecord | None, changed: bool
+    status: str, task_id: str, resource: ResourceRef, link: TaskLinkRecord | None
 ) -> Answer:
-    """A task's links after an agent's ``link`` or ``unlink``: what changed, if anything."""
-    if action == "link":
-        status = "linked" if changed else "already_linked"
-    else:
-        status = "unlinked" if changed else "not_linked"
+    """A task's links after an agent's ``link`` or ``unlink``: what it came to
+    (``status``, :func:`~capgate.gateway.service.links.link_outcome`), if anything."""
     facts: dict[str, Any] = {
         "status": status,
         "task_id": task_id,

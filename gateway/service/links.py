@@ -38,6 +38,7 @@ __all__ = [
     "AgentLink",
     "LinkPolicy",
     "agent_link",
+    "link_outcome",
     "link_resource",
     "resource_ref",
     "task_links",
@@ -56,9 +57,8 @@ def link_resource(
     field for a malformed tenant, task or resource; UnknownTenant for a tenant the
     store does not hold."""
     tenant, task_id, ref = _checked(tenant, task_id, resource)
-    with store.transaction() as tx:
-        link, made = tx.link_resource(tenant, task_id, ref, by=by)
-        tx.append(_row(tenant, task_id, ref, by, "linked" if made else "already_linked"))
+    link, made = _change(store, "link", tenant, task_id, ref, by)
+    assert link is not None  # a link is made, or the one there stands
     log.info("task link tenant=%s task=%s resource=%s:%s by=%s", tenant, task_id,
              ref.type, ref.id, by)  # fmt: skip
     return link, made
@@ -71,9 +71,7 @@ def unlink_resource(
     or None when there was none (recorded as ``not_linked``). UnknownTenant for a
     tenant the store does not hold."""
     tenant, task_id, ref = _checked(tenant, task_id, resource)
-    with store.transaction() as tx:
-        removed = tx.unlink_resource(tenant, task_id, ref)
-        tx.append(_row(tenant, task_id, ref, by, "unlinked" if removed else "not_linked"))
+    removed, _ = _change(store, "unlink", tenant, task_id, ref, by)
     return removed
 
 
@@ -129,18 +127,40 @@ def agent_link(
         raise CapabilityViolation(
             f"capgate.tasks.{action}", decision.reasons, decision_id=decision.decision_id
         )
+    link, made = _change(store, action, tenant, task_id, ref, by, **asked)
+    log.info("task %s by agent tenant=%s task=%s resource=%s:%s by=%s outcome=%s", action,
+             tenant, task_id, ref.type, ref.id, by, link_outcome(action, made))  # fmt: skip
+    return link, made
+
+
+def link_outcome(action: Literal["link", "unlink"], changed: bool) -> str:
+    """What a link or unlink came to, as the ledger and the fronts' answers say it."""
+    if action == "link":
+        return "linked" if changed else "already_linked"
+    return "unlinked" if changed else "not_linked"
+
+
+def _change(
+    store: Store,
+    action: Literal["link", "unlink"],
+    tenant: str,
+    task_id: str,
+    ref: ResourceRef,
+    by: str,
+    **asked: Any,
+) -> AgentLink:
+    """The one write of a link or an unlink, operator's, service's or agent's, with
+    its ledger row in the same transaction: the link (made, standing, or removed)
+    and whether anything changed. ``asked``: the link decision of an agent's."""
     link: TaskLinkRecord | None
     with store.transaction() as tx:
         if action == "link":
-            link, made = tx.link_resource(tenant, task_id, ref, by=by)
-            outcome = "linked" if made else "already_linked"
+            link, changed = tx.link_resource(tenant, task_id, ref, by=by)
         else:
             link = tx.unlink_resource(tenant, task_id, ref)
-            made, outcome = link is not None, "unlinked" if link is not None else "not_linked"
-        tx.append(_row(tenant, task_id, ref, by, outcome, [], **asked))
-    log.info("task %s by agent tenant=%s task=%s resource=%s:%s by=%s outcome=%s", action,
-             tenant, task_id, ref.type, ref.id, by, outcome)  # fmt: skip
-    return link, made
+            changed = link is not None
+        tx.append(_row(tenant, task_id, ref, by, link_outcome(action, changed), **asked))
+    return link, changed
 
 
 def task_links(store: Store, tenant: str, task_id: str) -> list[TaskLinkRecord]:

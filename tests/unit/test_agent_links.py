@@ -25,6 +25,7 @@ from capgate.gateway.errors import CapabilityViolation, InvalidInput, PolicyUnav
 from capgate.gateway.model.contracts import Catalogue, RoleSpec
 from capgate.gateway.model.decisions import LinkDecision, Reason
 from capgate.gateway.model.facts import LinkInput, ResourceRef
+from capgate.gateway.service.links import link_outcome
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.store import Store
 from tests.unit import gateway_support
@@ -206,10 +207,10 @@ def test_the_link_tools_answer_through_the_desk(catalogue, store):
 
 def test_a_link_answer_says_what_changed():
     ref = ResourceRef(**INVOICE)
-    assert link_answer("link", "task-pay-9", ref, None, False).text == (
+    assert link_answer(link_outcome("link", False), "task-pay-9", ref, None).text == (
         "invoice:inv-9 was linked to task task-pay-9 already; nothing changed."
     )
-    assert link_answer("unlink", "task-pay-9", ref, None, False).facts == {
+    assert link_answer(link_outcome("unlink", False), "task-pay-9", ref, None).facts == {
         "status": "not_linked",
         "task_id": "task-pay-9",
         "resource": INVOICE,

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import mcp_types as types
+from pydantic import TypeAdapter
 
 from capgate.adapters.fronts.answers import (
     Answer,
@@ -53,7 +54,8 @@ from capgate.adapters.fronts.desk import ReviewDesk
 from capgate.gateway.errors import CapgateError, InvalidInput, quote
 from capgate.gateway.model.comments import MAX_COMMENT_CHARS
 from capgate.gateway.model.contracts import Catalogue
-from capgate.gateway.model.facts import Principal, ResourceRef, Reviewer
+from capgate.gateway.model.facts import Identifier, Principal, ResourceRef, Reviewer
+from capgate.gateway.service.links import link_outcome
 from capgate.gateway.service.requests import AgentRequest
 from capgate.gateway.state.records import ReviewVerdict
 
@@ -91,12 +93,9 @@ _DIGEST: Final = {
     "pattern": "^sha256:[0-9a-f]{64}$",
     "description": "the params_digest of the proposal as capgate.reviews.show showed it",
 }
-_NAME_RULE: Final = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 128,
-    "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
-}
+#: The one identifier rule of the facts (:data:`~capgate.gateway.model.facts.Identifier`),
+#: as JSON Schema: what the link tools' arguments must be before anything is asked.
+_NAME_RULE: Final = TypeAdapter(Identifier).json_schema()
 _TASK_ID: Final = {**_NAME_RULE, "description": "the id of the task whose links change"}
 _RESOURCE_TYPE: Final = {
     **_NAME_RULE,
@@ -246,7 +245,8 @@ def _answer(
         resource = {"type": kind, "id": ident}
         # The gateway's own act, as any front would ask it: the link policy decides.
         link, changed = desk.gateway.agent_link(request, action, task_id, resource)
-        return link_answer(action, task_id, ResourceRef.model_validate(resource), link, changed)
+        status = link_outcome(action, changed)
+        return link_answer(status, task_id, ResourceRef.model_validate(resource), link)
     reviewer = Reviewer.of_agent(principal, authenticated_by=request.authenticated_by or "mcp")
     if name == PENDING:
         _arguments(arguments, required=(), optional=())
