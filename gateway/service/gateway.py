@@ -43,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from capgate.gateway.catalogue.names import UndeclaredWatch
 from capgate.gateway.enforce.dispatcher import DecisionEvent, Dispatcher, policy_revision
-from capgate.gateway.enforce.grant import Authorised
+from capgate.gateway.enforce.grant import Authorised, Prepared
 from capgate.gateway.errors import (
     CapabilityViolation,
     InvalidInput,
@@ -67,7 +67,7 @@ from capgate.gateway.model.facts import (
 from capgate.gateway.model.outcomes import Outcome, OutcomeStatus
 from capgate.gateway.service.connections import set_connection
 from capgate.gateway.service.credentials import CredentialResolver, NoCredentials
-from capgate.gateway.service.facts import FactReader, execute_input
+from capgate.gateway.service.facts import CallFacts, FactReader, execute_input
 from capgate.gateway.service.ledger import append, text_digest, who
 from capgate.gateway.service.links import (
     AgentLink,
@@ -318,13 +318,7 @@ class Gateway:
         prepared = self.dispatcher.prepare(tool, params)
         contract = prepared.contract
         stage = Stage.PROPOSE if contract is not None and contract.needs_review else Stage.CALL
-        facts = self._facts.call(
-            request.principal, request.task, request.environment, request.task_id, operation_id
-        )
-        execute = execute_input(
-            self.dispatcher, facts, prepared, stage=stage, operation_id=operation_id
-        )
-        authorised = self._authorise(prepared, execute, request.principal, None)
+        facts, authorised = self._ask(request, prepared, stage, operation_id)
         if stage is Stage.PROPOSE:
             return self._proposals.propose(authorised, request)
         return self._operations.run(authorised, request.task_id, facts, proposal=None, review=None)
@@ -393,14 +387,8 @@ class Gateway:
                 "authenticated_by": f"migration:{proposal.id}",
             }
         )
-        operation_id = _operation_id(None)
         prepared = self.dispatcher.prepare(proposal.tool, proposal.params)
-        facts = self._facts.call(request.principal, request.task, request.environment,
-                                 request.task_id, operation_id)  # fmt: skip
-        execute = execute_input(
-            self.dispatcher, facts, prepared, stage=Stage.PROPOSE, operation_id=operation_id
-        )
-        authorised = self._authorise(prepared, execute, request.principal, None)
+        _, authorised = self._ask(request, prepared, Stage.PROPOSE, _operation_id(None))
         return self._proposals.migrate(proposal, authorised, request, by=by)
 
     @_step("dispatch")
@@ -466,6 +454,20 @@ class Gateway:
         return self._operations.run(
             authorised, proposal.task_id, facts, proposal=proposal, review=review
         )
+
+    def _ask(
+        self, request: AgentRequest, prepared: Prepared, stage: Stage, operation_id: str
+    ) -> tuple[CallFacts, Authorised]:
+        """An agent's call (or proposal) at ``stage``, asked of OPA with the store's
+        facts of now: those facts, and what the allow authorised. The refusals of
+        :meth:`_authorise`, recorded."""
+        facts = self._facts.call(
+            request.principal, request.task, request.environment, request.task_id, operation_id
+        )
+        execute = execute_input(
+            self.dispatcher, facts, prepared, stage=stage, operation_id=operation_id
+        )
+        return facts, self._authorise(prepared, execute, request.principal, None)
 
     def _authorise(
         self,

@@ -22,6 +22,7 @@ proposal of that tool in that tenant made under another version than today's.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -62,7 +63,7 @@ _EXITS: Final = (
 )
 
 
-def add_migrate(proposals: Actions, operator: Any) -> None:
+def add_migrate(proposals: Actions, operator: Callable[[argparse.Namespace], Reviewer]) -> None:
     """Add ``migrate`` to the ``proposals`` group; ``operator(args)`` is the
     :class:`Reviewer` the command acts as (the configuration's, for the OS user)."""
     parser = add_action(
@@ -145,8 +146,9 @@ def _migrate(args: argparse.Namespace, operator: Reviewer) -> int:
     elif not results:
         print(f"nothing to migrate: no pending or approved proposal of {safe(args.tool)} is "
               "under another version than the catalogue's")  # fmt: skip
-    for result in [] if args.json else results:
-        print(_line(result))
+    else:
+        for result in results:
+            print(_line(result))
     return EXIT_OK if all(r["migrated"] for r in results) else EXIT_DENIED
 
 
