@@ -66,6 +66,17 @@ class Fixture(_Spec):
             raise ValueError("name the reason codes the denial must give in 'reasons'")
         return self
 
+    @property
+    def expected(self) -> FixtureOutcome:
+        """The decision the fixture must get."""
+        return FixtureOutcome(allow=self.expect == "allow", codes=tuple(sorted(set(self.reasons))))
+
+    def holds(self, outcome: FixtureOutcome) -> bool:
+        """Whether ``outcome`` is that decision: the same allow, and for a denial the
+        same reason codes (a code the policy gives more than once counts once)."""
+        expected = self.expected
+        return (outcome.allow, set(outcome.codes)) == (expected.allow, set(expected.codes))
+
 
 class FixtureOutcome(_Spec):
     """What a fixture got: the allow and the reason codes."""

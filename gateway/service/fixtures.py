@@ -10,7 +10,7 @@ real OPA before a gateway starts to serve (:func:`check_fixtures`: one that is n
 call the contract takes, or does not get its decision, stops the start), and put to
 both sides of ``capgate diff``, which shows each one's decision before and after.
 
-A fixture's execute input is built here (:func:`fixture_input`) the way the gateway
+A fixture's execute input is built here (:class:`FixtureCalls`) the way the gateway
 builds a call's: the parameters prepared by the same dispatcher (validated, hashed,
 their subject and declared values read) under the catalogue's contract of today,
 so a contract that changes what a call means is tried with the change. The facts
@@ -41,7 +41,7 @@ from capgate.gateway.model.facts import (
 from capgate.gateway.model.fixtures import Fixture, FixtureOutcome
 from capgate.gateway.tools.registry import ToolRegistry
 
-__all__ = ["check_fixtures", "expected_text", "fixture_input", "fixture_outcome", "holds"]
+__all__ = ["FixtureCalls", "check_fixtures", "fixture_outcome"]
 
 #: How long a fixture's approval is good for, from the moment it is asked.
 _APPROVAL_LIFETIME: Final = timedelta(hours=1)
@@ -58,92 +58,89 @@ class _Unasked:
         raise PolicyUnavailable("a fixture's dispatcher asks no policy")
 
 
-def fixture_input(catalogue: Catalogue, fixture: Fixture, now: datetime) -> ExecuteInput:
-    """The execute input of ``fixture`` under ``catalogue``'s contract of its tool.
+class FixtureCalls:
+    """Makes fixtures calls under one catalogue's contracts, with one dispatcher, so
+    each contract's schemas are compiled once, however many fixtures name it."""
 
-    InvalidInput (a CapgateError) when its parameters do not fit that contract."""
-    dispatcher = Dispatcher(catalogue, _Unasked(), ToolRegistry())
-    prepared = dispatcher.prepare(fixture.tool, fixture.params)
-    contract = prepared.contract
-    needs_review = contract is not None and contract.needs_review
-    stage = fixture.stage or (Stage.PROPOSE if needs_review else Stage.CALL)
-    alias = contract.connection_alias if contract is not None else None
-    connections = fixture.connections
-    if connections is None:
-        connections = {alias: ConnectionStatus.ACTIVE} if alias else {}
-    facts = ComposeInput(
-        principal=fixture.principal,
-        task=fixture.task,
-        connections=connections,
-        environment=fixture.environment,
-        budget_class=fixture.budget_class,
-    )
-    approval = None
-    proposal = None
-    if stage is Stage.DISPATCH:
-        proposal = ProposalRef(id="capgate-fixture-proposal", status="approved")
-    if stage is Stage.DISPATCH and fixture.approved_by and contract is not None:
-        expires = now + _APPROVAL_LIFETIME
-        approval = Approval(
-            kind=contract.approval.value,
-            tool=fixture.tool,
-            operation_id=_OPERATION,
-            tenant=fixture.principal.tenant,
-            digest=prepared.digest,
-            expires_at=expires,
-            approved_by=fixture.approved_by[0],
-            used=False,
-            approvers=[Approver(by=who, expires_at=expires) for who in fixture.approved_by],
+    def __init__(self, catalogue: Catalogue) -> None:
+        self._dispatcher = Dispatcher(catalogue, _Unasked(), ToolRegistry())
+
+    def input(self, fixture: Fixture, now: datetime) -> ExecuteInput:
+        """The execute input of ``fixture`` under the catalogue's contract of its tool.
+
+        InvalidInput (a CapgateError) when its parameters do not fit that contract."""
+        prepared = self._dispatcher.prepare(fixture.tool, fixture.params)
+        contract = prepared.contract
+        needs_review = contract is not None and contract.needs_review
+        stage = fixture.stage or (Stage.PROPOSE if needs_review else Stage.CALL)
+        alias = contract.connection_alias if contract is not None else None
+        connections = fixture.connections
+        if connections is None:
+            connections = {alias: ConnectionStatus.ACTIVE} if alias else {}
+        facts = ComposeInput(
+            principal=fixture.principal,
+            task=fixture.task,
+            connections=connections,
+            environment=fixture.environment,
+            budget_class=fixture.budget_class,
         )
-    return dispatcher.execute_input(
-        facts,
-        prepared,
-        operation_id=_OPERATION,
-        stage=stage,
-        approval=approval,
-        evidence=sorted({piece.name for piece in fixture.evidence}),
-        evidence_about=[
-            EvidencePiece(name=piece.name, subject=piece.subject) for piece in fixture.evidence
-        ],
-        budget=Budget(remaining=fixture.budget_remaining, cost=prepared.cost),
-        proposal=proposal,
-    )
+        approval = None
+        proposal = None
+        if stage is Stage.DISPATCH:
+            proposal = ProposalRef(id="capgate-fixture-proposal", status="approved")
+        if stage is Stage.DISPATCH and fixture.approved_by and contract is not None:
+            expires = now + _APPROVAL_LIFETIME
+            approval = Approval(
+                kind=contract.approval.value,
+                tool=fixture.tool,
+                operation_id=_OPERATION,
+                tenant=fixture.principal.tenant,
+                digest=prepared.digest,
+                expires_at=expires,
+                approved_by=fixture.approved_by[0],
+                used=False,
+                approvers=[Approver(by=who, expires_at=expires) for who in fixture.approved_by],
+            )
+        return self._dispatcher.execute_input(
+            facts,
+            prepared,
+            operation_id=_OPERATION,
+            stage=stage,
+            approval=approval,
+            evidence=sorted({piece.name for piece in fixture.evidence}),
+            evidence_about=[
+                EvidencePiece(name=piece.name, subject=piece.subject) for piece in fixture.evidence
+            ],
+            budget=Budget(remaining=fixture.budget_remaining, cost=prepared.cost),
+            proposal=proposal,
+        )
 
 
 def fixture_outcome(decision: ExecuteDecision) -> FixtureOutcome:
     return FixtureOutcome(allow=decision.allow, codes=tuple(decision.reason_codes))
 
 
-def holds(fixture: Fixture, outcome: FixtureOutcome) -> bool:
-    """Whether ``outcome`` is the decision ``fixture`` must get."""
-    if fixture.expect == "allow":
-        return outcome.allow and not outcome.codes
-    return not outcome.allow and set(outcome.codes) == set(fixture.reasons)
-
-
-def expected_text(fixture: Fixture) -> str:
-    return "allowed" if fixture.expect == "allow" else f"denied ({', '.join(fixture.reasons)})"
-
-
 def check_fixtures(catalogue: Catalogue, policy: Any, now: datetime) -> list[FixtureOutcome]:
     """Ask ``policy`` (a PolicyClient: the OPA about to serve) every fixture of the
     catalogue; their outcomes, in order. CatalogueError, one problem a fixture, when
     any does not get its decision: the catalogue is not to be served so."""
+    calls = FixtureCalls(catalogue)
     outcomes: list[FixtureOutcome] = []
     problems: list[str] = []
     for position, fixture in enumerate(catalogue.fixtures):
         where = f"fixtures.yaml: fixture {quote(fixture.name, 80)} (fixtures[{position}])"
         try:
-            outcome = fixture_outcome(policy.execute(fixture_input(catalogue, fixture, now)))
-        except PolicyUnavailable:
-            raise
+            facts = calls.input(fixture, now)
         except CapgateError as bad:
             problems.append(f"{where}: field 'params': not a call its tool takes: {bad}")
             continue
+        # What asking fails with (no OPA, no usable answer) is no fixture's fault.
+        outcome = fixture_outcome(policy.execute(facts))
         outcomes.append(outcome)
-        if not holds(fixture, outcome):
+        if not fixture.holds(outcome):
             problems.append(
-                f"{where}: must be {expected_text(fixture)}, but the policy has it {outcome.text()}"
+                f"{where}: must be {fixture.expected.text()}, but the policy has it "
+                f"{outcome.text()}"
             )
     if problems:
         raise CatalogueError(problems)

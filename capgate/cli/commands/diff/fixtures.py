@@ -23,7 +23,7 @@ from capgate.cli.commands.diff.evaluate import evaluate_inputs
 from capgate.cli.commands.diff.sides import Side
 from capgate.gateway.errors import CapgateError
 from capgate.gateway.model.fixtures import Fixture, FixtureOutcome
-from capgate.gateway.service.fixtures import expected_text, fixture_input, holds
+from capgate.gateway.service.fixtures import FixtureCalls
 
 __all__ = ["FixtureRow", "evaluate_fixtures"]
 
@@ -43,14 +43,14 @@ class FixtureRow:
     @property
     def holds(self) -> bool:
         """Whether the head decides it as the fixture expects."""
-        return isinstance(self.head, FixtureOutcome) and holds(self.fixture, self.head)
+        return isinstance(self.head, FixtureOutcome) and self.fixture.holds(self.head)
 
     @property
     def changed(self) -> bool:
         return _text(self.base) != _text(self.head)
 
     def texts(self) -> tuple[str, str, str]:
-        return expected_text(self.fixture), _text(self.base), _text(self.head)
+        return self.fixture.expected.text(), _text(self.base), _text(self.head)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +93,7 @@ def _decide(
     side: Side, opa: Path, fixtures: list[Fixture], now: datetime
 ) -> list[FixtureOutcome | str]:
     """Each fixture's decision at ``side``, or why it is no call there."""
+    calls = FixtureCalls(side.catalogue)
     inputs: list[dict[str, Any]] = []
     where: list[int | str] = []
     for fixture in fixtures:
@@ -100,7 +101,7 @@ def _decide(
             where.append(f"no tool {fixture.tool} at {side.name}")
             continue
         try:
-            facts = fixture_input(side.catalogue, fixture, now)
+            facts = calls.input(fixture, now)
         except CapgateError as bad:
             where.append(str(bad))
             continue
