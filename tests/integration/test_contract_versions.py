@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from capgate.cli.main import EXIT_ERROR
 from capgate.demo import demo_catalogue_dir
@@ -27,6 +26,7 @@ from capgate.gateway.service.versions import pin_contracts
 from capgate.gateway.state.store import SCHEMA_VERSION, Store
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
+from tests.integration.catalogue_edits import edit_tool
 from tests.integration.mcp_server_support import run_worker
 from tests.integration.store_support import FakeClock
 
@@ -48,11 +48,7 @@ def edited_folder(tmp_path: Path, name: str, **changes: Any) -> Path:
     """:func:`edited`'s catalogue folder, one of its own in ``tmp_path``."""
     folder = tmp_path / f"sales-{len(list(tmp_path.iterdir()))}"
     shutil.copytree(demo_catalogue_dir("sales"), folder)
-    path = folder / "tools.yaml"
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    (tool,) = [t for t in document["tools"] if t["name"] == name]
-    tool.update(changes)
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    edit_tool(folder, name, **changes)
     return folder
 
 

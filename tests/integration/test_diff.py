@@ -45,6 +45,7 @@ from capgate.gateway.policy.timeouts import (
 )
 from tests.hang import ANSWER_TIMEOUT
 from tests.integration.browser import DEFAULT_TIMEOUT_MS, launch_chromium
+from tests.integration.catalogue_edits import edit_tool, payment_limit
 from tests.integration.large_catalogue import write_large_catalogue
 
 pytestmark = pytest.mark.integration
@@ -80,11 +81,7 @@ def commit(repo: Path, message: str) -> None:
 
 
 def edit_tools(repo: Path, tool: str, **changes: Any) -> None:
-    path = repo / "catalogue" / "tools.yaml"
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    entry = next(t for t in document["tools"] if t["name"] == tool)
-    entry.update(changes)
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    edit_tool(repo / "catalogue", tool, **changes)
 
 
 def rewrite_policies(repo: Path, old: str, new: str, *, count: int | None = None) -> None:
@@ -722,11 +719,7 @@ def test_the_html_page_loads_in_chromium_with_its_grid_and_nothing_else(scratch,
 
 
 def test_the_catalogues_fixtures_are_shown_at_both_sides(scratch, capsys):
-    path = scratch / "catalogue" / "tools.yaml"
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    payment = next(t for t in document["tools"] if t["name"] == "payment.execute")
-    payment["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    edit_tools(scratch, "payment.execute", limits=payment_limit(100_000))
     commit(scratch, "a lower payment limit")
 
     report = diff_json(capsys, scratch, "HEAD~1", "HEAD")

@@ -170,6 +170,7 @@ from capgate.gateway.state import open_store
 from capgate.gateway.state.records import LedgerRow, ProposalRecord, ProposalStatus
 from capgate.gateway.tools.registry import ToolRegistry
 from tests.hang import ANSWER_TIMEOUT, HANG_SECONDS, INNER_HANG_SECONDS
+from tests.integration.catalogue_edits import edit_tool, payment_limit
 from tests.integration.opa_servers import wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -398,6 +399,14 @@ def test_catalogue_blocks_form_a_catalogue_opa_answers_for(
     assert support.reasons_for("quote.prepare_send") == ["role_not_granted"]
 
 
+def _beside(docs_catalogue_dir: Path, block: Block, folder: Path) -> Path:
+    """The docs catalogue copied to ``folder`` with ``block`` beside it, as the
+    optional file its tag names."""
+    shutil.copytree(docs_catalogue_dir, folder)
+    (folder / block.tag).write_text(block.text, encoding="utf-8")
+    return folder
+
+
 @pytest.mark.parametrize(
     "block", blocks_of("catalogue-currencies"), ids=ids(blocks_of("catalogue-currencies"))
 )
@@ -406,10 +415,7 @@ def test_the_currency_table_converts_as_the_docs_say(
 ):
     # Beside the docs catalogue the table loads, and is in the digest: a change of
     # rate is a change of catalogue.
-    folder = tmp_path / "with-table"
-    shutil.copytree(docs_catalogue_dir, folder)
-    (folder / block.tag).write_text(block.text, encoding="utf-8")
-    with_table = load_catalogue(folder)
+    with_table = load_catalogue(_beside(docs_catalogue_dir, block, tmp_path / "with-table"))
     assert with_table.currencies is not None
     digests = {compile_catalogue(c)["meta"]["digest"] for c in (with_table, docs_catalogue)}
     assert len(digests) == 2
@@ -432,8 +438,7 @@ def test_the_currency_table_converts_as_the_docs_say(
 def test_a_kept_version_loads_beside_its_successor(
     block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
 ):
-    folder = tmp_path / "keeping"
-    shutil.copytree(docs_catalogue_dir, folder)
+    folder = _beside(docs_catalogue_dir, block, tmp_path / "keeping")
     kept = yaml.safe_load(block.text)["retained"]
     tools_path = folder / "tools.yaml"
     document = yaml.safe_load(tools_path.read_text(encoding="utf-8"))
@@ -441,7 +446,6 @@ def test_a_kept_version_loads_beside_its_successor(
         if tool["name"] in {k["name"] for k in kept}:
             tool["version"] += 1
     tools_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    (folder / block.tag).write_text(block.text, encoding="utf-8")
     keeping = load_catalogue(folder)
     assert keeping.retained, str(block)
     for name, versions in keeping.retained.items():
@@ -457,10 +461,7 @@ def test_a_kept_version_loads_beside_its_successor(
 def test_the_fixtures_block_gets_its_decisions(
     block: Block, docs_catalogue_dir: Path, docs_catalogue: Catalogue, tmp_path: Path
 ):
-    folder = tmp_path / "with-fixtures"
-    shutil.copytree(docs_catalogue_dir, folder)
-    (folder / block.tag).write_text(block.text, encoding="utf-8")
-    with_fixtures = load_catalogue(folder)
+    with_fixtures = load_catalogue(_beside(docs_catalogue_dir, block, tmp_path / "with-fixtures"))
     assert with_fixtures.fixtures, str(block)
     assert compile_catalogue(with_fixtures) == compile_catalogue(docs_catalogue)
     with PolicySidecar(with_fixtures, timeout=ANSWER_TIMEOUT) as sidecar:
@@ -474,12 +475,7 @@ def test_the_fixtures_block_gets_its_decisions(
 def test_a_fixture_refusal_is_real(block: Block, tmp_path: Path):
     folder = tmp_path / "lowered"
     shutil.copytree(SALES, folder)
-    path = folder / "tools.yaml"
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for tool in document["tools"]:
-        if tool["name"] == "payment.execute":
-            tool["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    edit_tool(folder, "payment.execute", limits=payment_limit(100_000))
     lowered = load_catalogue(folder)
     with (
         PolicySidecar(lowered, timeout=ANSWER_TIMEOUT) as sidecar,

@@ -26,15 +26,15 @@ from capgate.demo import demo_catalogue_dir
 from capgate.gateway.catalogue import load_catalogue
 from capgate.gateway.errors import CatalogueError
 from capgate.gateway.opa.sidecar import PolicySidecar
-from capgate.gateway.service.fixtures import check_fixtures, fixture_input
+from capgate.gateway.service.fixtures import FixtureCalls, check_fixtures
 from capgate.gateway.state import open_store
 from tests.hang import ANSWER_TIMEOUT
+from tests.integration.catalogue_edits import edit_tool, payment_limit
 from tests.integration.mcp_server_support import run_worker
 
 pytestmark = pytest.mark.integration
 
 SALES = demo_catalogue_dir("sales")
-NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
 def copied(folder: Path, *, limit: int | None = None, fixtures: Any = None) -> Path:
@@ -42,12 +42,7 @@ def copied(folder: Path, *, limit: int | None = None, fixtures: Any = None) -> P
     fixtures replaced by ``fixtures`` (a list), when given."""
     shutil.copytree(SALES, folder)
     if limit is not None:
-        path = folder / "tools.yaml"
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-        for tool in document["tools"]:
-            if tool["name"] == "payment.execute":
-                tool["limits"] = [{"value": "amount_eur_cents", "max": limit, "roles": ["finance"]}]
-        path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        edit_tool(folder, "payment.execute", limits=payment_limit(limit))
     if fixtures is not None:
         text = yaml.safe_dump({"fixtures": fixtures}, sort_keys=False)
         (folder / "fixtures.yaml").write_text(text, encoding="utf-8")
@@ -64,7 +59,7 @@ def test_the_demos_fixtures_get_their_decisions():
     catalogue = load_catalogue(SALES)
     assert len(catalogue.fixtures) >= 5
     with PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar:
-        outcomes = check_fixtures(catalogue, sidecar.client, NOW)
+        outcomes = check_fixtures(catalogue, sidecar.client, datetime.now(UTC))
     assert [o.allow for o in outcomes] == [f.expect == "allow" for f in catalogue.fixtures]
     assert ("value_over_limit",) in [o.codes for o in outcomes]
 
@@ -75,7 +70,7 @@ def test_a_change_that_changes_a_fixtures_decision_is_refused(tmp_path: Path):
         PolicySidecar(lowered, timeout=ANSWER_TIMEOUT) as sidecar,
         pytest.raises(CatalogueError) as refused,
     ):
-        check_fixtures(lowered, sidecar.client, NOW)
+        check_fixtures(lowered, sidecar.client, datetime.now(UTC))
     # The payment within the old limit, and the one over the quorum threshold (now over
     # the limit too): every fixture that changed, each once.
     problem, quorum = refused.value.problems
@@ -127,7 +122,7 @@ def test_a_fixture_its_contract_does_not_take_is_refused_before_serving(tmp_path
         PolicySidecar(catalogue, timeout=ANSWER_TIMEOUT) as sidecar,
         pytest.raises(CatalogueError) as refused,
     ):
-        check_fixtures(catalogue, sidecar.client, NOW)
+        check_fixtures(catalogue, sidecar.client, datetime.now(UTC))
     (problem,) = refused.value.problems
     assert "field 'params': not a call its tool takes: tool 'payment.execute': parameter" in (
         problem
@@ -143,7 +138,7 @@ def test_two_fixtures_of_one_name_are_refused(tmp_path: Path):
 def test_a_fixture_is_asked_as_the_gateway_would_ask_its_call():
     catalogue = load_catalogue(SALES)
     fixture = next(f for f in catalogue.fixtures if f.stage is not None)
-    facts = fixture_input(catalogue, fixture, NOW)
+    facts = FixtureCalls(catalogue).input(fixture, datetime.now(UTC))
     payment = catalogue.tools["payment.execute"]
     # Prepared by the dispatcher: the declared values converted, the subject read.
     assert facts.call.values["amount_eur_cents"] == 300_000

@@ -47,6 +47,7 @@ from capgate.gateway.state.store import Store
 from tests.hang import ANSWER_TIMEOUT
 from tests.integration import postgres_server as pg_fixtures
 from tests.integration import store_support as fixtures
+from tests.integration.catalogue_edits import edit_tool, payment_limit
 from tests.integration.lifecycle_support import (
     CONTROLLER,
     FINANCE,
@@ -79,13 +80,7 @@ def bumped(folder: Path, *, keep: list[dict[str, Any]] | None) -> Path:
     """The demo catalogue in ``folder`` with payment.execute at version 2, its limit
     at 1,000.00 EUR (the demo payment is 1,200.00), keeping ``keep``."""
     shutil.copytree(SALES, folder)
-    path = folder / "tools.yaml"
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for tool in document["tools"]:
-        if tool["name"] == "payment.execute":
-            tool["version"] = 2
-            tool["limits"] = [{"value": "amount_eur_cents", "max": 100_000, "roles": ["finance"]}]
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    edit_tool(folder, "payment.execute", version=2, limits=payment_limit(100_000))
     if keep is not None:
         retained = {"retained": keep}
         (folder / "retained.yaml").write_text(yaml.safe_dump(retained), encoding="utf-8")
@@ -200,12 +195,7 @@ def test_a_direct_tool_has_no_kept_versions(tmp_path: Path):
     document = yaml.safe_load((SALES / "tools.yaml").read_text(encoding="utf-8"))
     (read,) = [t for t in document["tools"] if t["name"] == "contact.read"]
     folder = bumped(tmp_path / "direct", keep=[read])
-    path = folder / "tools.yaml"
-    tools = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for tool in tools["tools"]:
-        if tool["name"] == "contact.read":
-            tool["version"] = 2
-    path.write_text(yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
+    edit_tool(folder, "contact.read", version=2)
     with pytest.raises(CatalogueError, match="only a reviewed tool's versions are kept"):
         load_catalogue(folder)
 
